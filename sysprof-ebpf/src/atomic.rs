@@ -1,0 +1,11 @@
+//! Atomic add on map values shared by all CPUs.
+
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+/// Adds `n` to the `u64` at `value`, atomically with respect to other CPUs.
+#[inline(always)]
+pub fn add(value: *mut u64, n: u64) {
+    // SAFETY: callers pass pointers to map values, which are 8-byte aligned and stay valid for
+    // the program's run.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(value, n) };
+}

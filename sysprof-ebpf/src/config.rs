@@ -1,0 +1,23 @@
+//! The read-only configuration userspace writes into the object before loading it.
+
+use sysprof_common::Config;
+
+/// Overridden by the loader (`EbpfLoader::override_global`); the verifier sees it as constant
+/// data, so branches on it cost nothing at run time.
+#[unsafe(no_mangle)]
+static CONFIG: Config = Config {
+    filter: 0,
+    cgroup_level: 0,
+    cgroup_id: 0,
+    task_pid_offset: 0,
+    task_tgid_offset: 0,
+    comm: [0; 16],
+};
+
+/// The configuration, read through a volatile load so the compiler does not fold the
+/// placeholder values above into the programs.
+#[inline(always)]
+pub fn config() -> &'static Config {
+    // SAFETY: CONFIG is a valid static; the volatile read only stops constant folding.
+    unsafe { &*core::ptr::read_volatile(&&raw const CONFIG) }
+}

@@ -1,0 +1,105 @@
+//! Process life cycle: follows the target's new child processes into the target set, applies
+//! `--comm` at exec, and tells userspace about forks, execs and exits so that it can read each
+//! process's memory map (for symbolization) while the process still exists.
+//!
+//! Raw tracepoints: no tracefs needed, and cheaper than classic tracepoints.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
+};
+use sysprof_common::{Counter, ProcessEvent, TASK_COMM_LEN, filter, process_event};
+
+use crate::{config::config, counters, maps::PROCESS_EVENTS, target};
+
+/// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn process_fork(ctx: RawTracePointContext) -> i32 {
+    try_process_fork(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_process_fork(ctx: &RawTracePointContext) {
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !target::is_current_target(parent) {
+        return;
+    }
+    let config = config();
+    if config.task_tgid_offset == 0 {
+        return;
+    }
+    let child: *const u8 = ctx.arg(1);
+    // SAFETY: `child` is the tracepoint's task_struct; the offset comes from kernel BTF and the
+    // read is checked by the helper.
+    let Ok(child_tgid) =
+        (unsafe { bpf_probe_read_kernel(child.add(config.task_tgid_offset as usize) as *const i32) })
+    else {
+        return;
+    };
+    let child_tgid = child_tgid as u32;
+    if child_tgid == parent {
+        // A new thread: already covered by its process.
+        return;
+    }
+    if config.filter == filter::TARGETS {
+        target::add_target_process(child_tgid);
+    }
+    emit(process_event::FORK, child_tgid, parent, 0);
+}
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`,
+/// run by the process after its new image is in place.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
+    try_process_exec();
+    0
+}
+
+#[inline(always)]
+fn try_process_exec() {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !target::is_current_target(tgid) {
+        if config().filter != filter::TARGETS || !target::current_comm_matches() {
+            return;
+        }
+        target::add_target_process(tgid);
+    }
+    emit(process_event::EXEC, tgid, 0, 0);
+}
+
+/// `sched_process_exit(struct task_struct *p)`, run by each exiting thread.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
+    try_process_exit();
+    0
+}
+
+#[inline(always)]
+fn try_process_exit() {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if pid_tgid as u32 != tgid || !target::is_current_target(tgid) {
+        return;
+    }
+    emit(process_event::EXIT, tgid, 0, 0);
+}
+
+#[inline(always)]
+fn emit(kind: u32, pid: u32, parent_pid: u32, exit_code: u32) {
+    let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessEvent>(0) else {
+        counters::add(Counter::ProcessEventsLost, 1);
+        return;
+    };
+    entry.write(ProcessEvent {
+        kind,
+        pid,
+        parent_pid,
+        exit_code,
+        // SAFETY: plain helper call.
+        time_ns: unsafe { bpf_ktime_get_ns() },
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    });
+    entry.submit(0);
+}

@@ -1,0 +1,230 @@
+//! `sysprof check`: what this machine supports and what sysprof can do here. The BPF checks
+//! load and attach sysprof's own programs for a moment, so "ok" means the real thing works.
+
+use std::path::Path;
+
+use serde::Serialize;
+use sysprof_common::{Config, filter};
+
+use crate::{btf, config::SampleEvent, privileges, probes::Probes};
+
+/// One finding.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    pub name: &'static str,
+    /// "ok", "missing" (sysprof works without it, with less), "fail" (tracing cannot work),
+    /// or "skipped" (could not be checked without privileges).
+    pub status: &'static str,
+    pub detail: String,
+}
+
+/// Runs every check, prints the findings, and returns the exit code: 1 when tracing cannot work.
+pub fn run(json: bool) -> anyhow::Result<u8> {
+    let findings = findings();
+    let fatal = findings.iter().any(|f| f.status == "fail");
+    if json {
+        println!("{}", serde_json::to_string_pretty(&findings)?);
+    } else {
+        for finding in &findings {
+            let mark = match finding.status {
+                "ok" => "ok     ",
+                "missing" => "missing",
+                "skipped" => "skipped",
+                _ => "FAIL   ",
+            };
+            println!("{mark}  {:<22} {}", finding.name, finding.detail);
+        }
+        println!();
+        println!(
+            "{}",
+            if fatal {
+                "sysprof cannot trace here: fix the FAIL lines above."
+            } else {
+                "sysprof can trace here."
+            }
+        );
+    }
+    Ok(u8::from(fatal))
+}
+
+/// Every check, in the order a user fixes them.
+pub fn findings() -> Vec<Finding> {
+    let mut findings = vec![kernel_version(), privileges_finding(), btf_finding(), paranoid_finding()];
+    findings.push(presence(
+        "tracefs",
+        Path::new("/sys/kernel/tracing/events").exists(),
+        "mounted at /sys/kernel/tracing",
+        "not mounted (not needed: sysprof uses raw tracepoints, perf events and uprobes)",
+    ));
+    findings.push(presence(
+        "uprobes",
+        Path::new("/sys/bus/event_source/devices/uprobe/type").exists(),
+        "uprobe PMU present",
+        "no uprobe PMU: function probes unavailable (kernel built without CONFIG_UPROBE_EVENTS)",
+    ));
+    findings.push(presence(
+        "kprobes",
+        Path::new("/sys/bus/event_source/devices/kprobe/type").exists(),
+        "kprobe PMU present",
+        "absent (not needed: sysprof uses tracepoints)",
+    ));
+    findings.push(presence(
+        "cgroup v2",
+        nix::sys::statfs::statfs("/sys/fs/cgroup").is_ok_and(|fs| fs.filesystem_type().0 == 0x6367_7270),
+        "mounted at /sys/fs/cgroup (--cgroup, --unit work)",
+        "not mounted: --cgroup and --unit unavailable",
+    ));
+    if privileges::can_trace() {
+        findings.extend(bpf_findings());
+    } else {
+        for name in ["BPF load", "perf events", "raw tracepoints", "hardware PMU", "BPF statistics"] {
+            findings.push(Finding {
+                name,
+                status: "skipped",
+                detail: "needs root: run `sudo sysprof check`".into(),
+            });
+        }
+    }
+    findings
+}
+
+fn presence(name: &'static str, present: bool, ok: &str, missing: &str) -> Finding {
+    if present {
+        Finding { name, status: "ok", detail: ok.into() }
+    } else {
+        Finding { name, status: "missing", detail: missing.into() }
+    }
+}
+
+fn kernel_version() -> Finding {
+    let release =
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    if version >= (5, 8) {
+        Finding { name: "kernel", status: "ok", detail: format!("Linux {release} (>= 5.8)") }
+    } else {
+        Finding {
+            name: "kernel",
+            status: "fail",
+            detail: format!("Linux {release}: sysprof needs 5.8 or later (ring buffers, CAP_BPF)"),
+        }
+    }
+}
+
+fn privileges_finding() -> Finding {
+    if privileges::can_trace() {
+        Finding { name: "privileges", status: "ok", detail: "root or CAP_BPF+CAP_PERFMON".into() }
+    } else {
+        Finding {
+            name: "privileges",
+            status: "fail",
+            detail: "not root and no CAP_BPF+CAP_PERFMON: run sysprof with sudo".into(),
+        }
+    }
+}
+
+fn btf_finding() -> Finding {
+    let path = btf::vmlinux_btf_path();
+    match btf::TaskOffsets::from_btf(&path) {
+        Ok(_) => Finding {
+            name: "BTF",
+            status: "ok",
+            detail: format!("{} (child processes are followed)", path.display()),
+        },
+        Err(error) => Finding {
+            name: "BTF",
+            status: "missing",
+            detail: format!(
+                "{error:#}: child processes started during a trace are not followed \
+                 (needs a kernel with CONFIG_DEBUG_INFO_BTF=y)"
+            ),
+        },
+    }
+}
+
+/// kernel.perf_event_paranoid, when readable.
+pub fn perf_event_paranoid() -> Option<i32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
+}
+
+fn paranoid_finding() -> Finding {
+    match perf_event_paranoid() {
+        Some(level) => Finding {
+            name: "perf_event_paranoid",
+            status: "ok",
+            detail: format!("{level} (no limit for root or CAP_PERFMON)"),
+        },
+        None => Finding {
+            name: "perf_event_paranoid",
+            status: "missing",
+            detail: "no perf events in this kernel".into(),
+        },
+    }
+}
+
+/// Loads and attaches sysprof's own programs, then detaches them.
+fn bpf_findings() -> Vec<Finding> {
+    let quiet_config = Config { filter: filter::TARGETS, ..Config::default() };
+    let mut findings = Vec::new();
+    let mut probes = match Probes::load(&quiet_config, 64) {
+        Ok(probes) => {
+            findings.push(Finding {
+                name: "BPF load",
+                status: "ok",
+                detail: "sysprof's BPF object loads".into(),
+            });
+            probes
+        }
+        Err(error) => {
+            findings.push(Finding { name: "BPF load", status: "fail", detail: format!("{error:#}") });
+            return findings;
+        }
+    };
+    findings.push(match probes.attach_cpu_sampling(SampleEvent::CpuClock, 1) {
+        Ok(()) => Finding {
+            name: "perf events",
+            status: "ok",
+            detail: "cpu-clock sampling attaches on every CPU".into(),
+        },
+        Err(error) => Finding { name: "perf events", status: "fail", detail: format!("{error:#}") },
+    });
+    findings.push(match probes.attach_process_tracking() {
+        Ok(()) => Finding {
+            name: "raw tracepoints",
+            status: "ok",
+            detail: "process fork/exec/exit programs attach".into(),
+        },
+        Err(error) => Finding { name: "raw tracepoints", status: "fail", detail: format!("{error:#}") },
+    });
+    findings.push(if probes.stats_available() {
+        Finding {
+            name: "BPF statistics",
+            status: "ok",
+            detail: "run time of each program is measured".into(),
+        }
+    } else {
+        Finding {
+            name: "BPF statistics",
+            status: "missing",
+            detail: "the report cannot give BPF program run times".into(),
+        }
+    });
+    probes.detach();
+    findings.push(
+        match Probes::load(&quiet_config, 64)
+            .and_then(|mut p| p.attach_cpu_sampling(SampleEvent::Cycles, 1).map(|()| p))
+        {
+            Ok(probes) => {
+                probes.detach();
+                Finding { name: "hardware PMU", status: "ok", detail: "--event cycles available".into() }
+            }
+            Err(_) => Finding {
+                name: "hardware PMU",
+                status: "missing",
+                detail: "no cycles event (usual in VMs): sampling uses cpu-clock".into(),
+            },
+        },
+    );
+    findings
+}

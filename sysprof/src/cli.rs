@@ -1,0 +1,257 @@
+//! Command-line types (clap) and their conversion into a plain [`TraceConfig`].
+
+use std::{ffi::OsString, fmt, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    config::{Family, SampleEvent, Target, TraceConfig},
+    privileges::InvokingUser,
+};
+
+/// eBPF profiler: where does the time go, and what should I change first?
+#[derive(Debug, Parser)]
+#[command(name = "sysprof", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Profile processes, a command or the whole machine; writes flamegraphs and a report
+    Trace(Box<TraceArgs>),
+    /// Show what this machine supports and what sysprof can do here
+    Check(CheckArgs),
+}
+
+const TRACE_EXAMPLES: &str = "\
+Examples:
+  sudo sysprof trace --pid 1234 --duration 30s     profile a running process and its children
+  sudo sysprof trace -- ./train.py --epochs 1      launch a command and profile it to the end
+  sudo sysprof trace --all --duration 10s          profile the whole machine
+  sudo sysprof trace --unit nginx.service          profile a systemd service
+  sudo sysprof trace --comm python3 -o out/        every process named python3, now or later
+
+Results go to ./profile_output/: cpu.svg (open in a browser), cpu.folded, report.md,
+report.json. Ctrl-C ends the trace early and still writes everything.";
+
+/// `sysprof trace` options.
+#[derive(Debug, Args)]
+#[command(after_help = TRACE_EXAMPLES)]
+pub struct TraceArgs {
+    /// Running processes to profile, with the child processes they start
+    #[arg(short, long, value_name = "PID", value_delimiter = ',', conflicts_with = "command")]
+    pub pid: Vec<u32>,
+
+    /// Profile every process on the machine, kernel threads and idle included
+    #[arg(short, long, conflicts_with_all = ["pid", "comm", "cgroup", "unit", "command"])]
+    pub all: bool,
+
+    /// Processes whose command name (/proc/PID/comm) is NAME, including ones that start later
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["cgroup", "unit", "command"])]
+    pub comm: Option<String>,
+
+    /// Tasks in a cgroup v2 (a path under /sys/fs/cgroup, or absolute), filtered in the kernel
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["pid", "unit", "command"])]
+    pub cgroup: Option<PathBuf>,
+
+    /// A systemd unit (NAME.service): profiles the tasks in its cgroup
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["pid", "command"])]
+    pub unit: Option<String>,
+
+    /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C or until CMD exits
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// On-CPU samples per second, per CPU
+    #[arg(short = 'F', long, value_name = "HZ", default_value_t = 99,
+          value_parser = clap::value_parser!(u64).range(1..=20_000))]
+    pub freq: u64,
+
+    /// Event that drives sampling: cpu-clock works everywhere, cycles needs a hardware PMU
+    #[arg(long, value_enum, default_value_t = SampleEvent::CpuClock)]
+    pub event: SampleEvent,
+
+    /// Probe families to attach (comma-separated); default: all that apply
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "FAMILY")]
+    pub focus: Vec<Family>,
+
+    /// Distinct stacks the kernel can hold; stacks beyond it are counted as lost
+    #[arg(long, value_name = "N", default_value_t = sysprof_common::capacity::STACKS,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub stack_storage_size: u32,
+
+    /// Directory for the results
+    #[arg(short, long, value_name = "DIR", default_value = "profile_output")]
+    pub output: PathBuf,
+
+    /// No live status line and no summary
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// Run CMD as root even when sysprof runs through sudo (default: as the invoking user)
+    #[arg(long)]
+    pub as_root: bool,
+
+    /// Command to launch and profile until it exits
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// `sysprof check` options.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print the findings as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments parsed but do not describe a trace; the message says what is needed.
+#[derive(Debug)]
+pub struct UsageError(String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+impl TraceArgs {
+    /// The trace these arguments ask for.
+    pub fn into_config(self) -> Result<TraceConfig, UsageError> {
+        let target = self.target()?;
+        if let Some(duration) = self.duration
+            && duration.is_zero()
+        {
+            return Err(UsageError("--duration must be more than 0".into()));
+        }
+        Ok(TraceConfig {
+            target,
+            duration: self.duration,
+            frequency_hz: self.freq,
+            event: self.event,
+            stack_storage_size: self.stack_storage_size,
+            focus: self.focus,
+            output_dir: self.output,
+            quiet: self.quiet,
+            command_as_root: self.as_root,
+            invoking_user: InvokingUser::from_sudo_env(),
+        })
+    }
+
+    fn target(&self) -> Result<Target, UsageError> {
+        if self.all {
+            return Ok(Target::All);
+        }
+        if !self.command.is_empty() {
+            return Ok(Target::Command(self.command.clone()));
+        }
+        if let Some(path) = &self.cgroup {
+            return Ok(Target::Cgroup(path.clone()));
+        }
+        if let Some(unit) = &self.unit {
+            return Ok(Target::Unit(unit.clone()));
+        }
+        match (&self.comm, self.pid.is_empty()) {
+            (Some(_), false) => {
+                Err(UsageError("--comm and --pid cannot be combined: profile by name or by pid".into()))
+            }
+            (Some(name), true) => Ok(Target::Comm(name.clone())),
+            (None, false) => Ok(Target::Pids(self.pid.clone())),
+            (None, true) => Err(UsageError(format!(
+                "sysprof trace needs a target: --pid PID, --all, --comm NAME, --cgroup PATH, \
+                 --unit NAME.service, or -- CMD ARGS...\n\n{TRACE_EXAMPLES}"
+            ))),
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    // A bare number means seconds, as in `perf record -- sleep 10` habits.
+    if let Ok(seconds) = text.parse::<f64>() {
+        if seconds.is_finite() && seconds >= 0.0 {
+            return Ok(Duration::from_secs_f64(seconds));
+        }
+        return Err(format!("invalid duration {text:?}"));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<TraceConfig, String> {
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Trace(args) => args.into_config().map_err(|e| e.to_string()),
+            Command::Check(_) => Err("check".into()),
+        }
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn pids_accept_lists_and_repeats() {
+        let config = parse(&["sysprof", "trace", "--pid", "1,2", "-p", "3"]).unwrap();
+        assert_eq!(config.target, Target::Pids(vec![1, 2, 3]));
+        assert_eq!(config.frequency_hz, 99);
+        assert_eq!(config.event, SampleEvent::CpuClock);
+        assert_eq!(config.output_dir, PathBuf::from("profile_output"));
+        assert!(config.duration.is_none());
+    }
+
+    #[test]
+    fn command_after_double_dash_keeps_its_own_flags() {
+        let config = parse(&["sysprof", "trace", "-F", "999", "--", "ls", "-l", "--all"]).unwrap();
+        assert_eq!(config.target, Target::Command(vec!["ls".into(), "-l".into(), "--all".into()]));
+        assert_eq!(config.frequency_hz, 999);
+    }
+
+    #[test]
+    fn durations_take_units_or_seconds() {
+        let config = parse(&["sysprof", "trace", "--all", "--duration", "1m30s"]).unwrap();
+        assert_eq!(config.duration, Some(Duration::from_secs(90)));
+        let config = parse(&["sysprof", "trace", "--all", "-d", "2.5"]).unwrap();
+        assert_eq!(config.duration, Some(Duration::from_millis(2500)));
+        assert!(parse(&["sysprof", "trace", "--all", "-d", "0"]).is_err());
+        assert!(parse(&["sysprof", "trace", "--all", "-d", "soon"]).is_err());
+    }
+
+    #[test]
+    fn no_target_explains_what_is_needed() {
+        let error = parse(&["sysprof", "trace"]).unwrap_err();
+        assert!(error.contains("needs a target"), "{error}");
+        assert!(error.contains("sudo sysprof trace --pid 1234"), "{error}");
+    }
+
+    #[test]
+    fn conflicting_targets_are_refused() {
+        assert!(parse(&["sysprof", "trace", "--all", "--pid", "1"]).is_err());
+        assert!(parse(&["sysprof", "trace", "--comm", "x", "--pid", "1"]).is_err());
+        assert!(parse(&["sysprof", "trace", "--cgroup", "a", "--unit", "b"]).is_err());
+        assert!(parse(&["sysprof", "trace", "--pid", "1", "--", "ls"]).is_err());
+    }
+
+    #[test]
+    fn focus_takes_a_list() {
+        let config = parse(&["sysprof", "trace", "--all", "--focus", "cpu"]).unwrap();
+        assert_eq!(config.focus, vec![Family::Cpu]);
+        assert!(config.wants(Family::Cpu));
+        assert!(parse(&["sysprof", "trace", "--all", "--focus", "bogus"]).is_err());
+    }
+
+    #[test]
+    fn frequency_is_bounded() {
+        assert!(parse(&["sysprof", "trace", "--all", "-F", "0"]).is_err());
+        assert!(parse(&["sysprof", "trace", "--all", "-F", "100000"]).is_err());
+    }
+}

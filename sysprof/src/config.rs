@@ -1,0 +1,122 @@
+//! What one `sysprof trace` was asked to do, as plain data: the CLI builds it, tests build it
+//! directly, and the pipeline reads it.
+
+use std::{ffi::OsString, fmt, path::PathBuf, time::Duration};
+
+use serde::Serialize;
+
+use crate::privileges::InvokingUser;
+
+/// Who is profiled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Running processes, and the child processes they start during the trace.
+    Pids(Vec<u32>),
+    /// Every task on the machine, kernel threads and idle included.
+    All,
+    /// Processes with this command name, running now or started during the trace.
+    Comm(String),
+    /// Tasks in this cgroup v2 directory and below (also what `--unit` resolves to).
+    Cgroup(PathBuf),
+    /// A systemd unit, resolved to its cgroup at start.
+    Unit(String),
+    /// A command sysprof launches and profiles until it exits.
+    Command(Vec<OsString>),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Pids(pids) => {
+                let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+                write!(f, "pid {}", pids.join(","))
+            }
+            Target::All => f.write_str("all processes"),
+            Target::Comm(name) => write!(f, "processes named {name}"),
+            Target::Cgroup(path) => write!(f, "cgroup {}", path.display()),
+            Target::Unit(unit) => write!(f, "unit {unit}"),
+            Target::Command(argv) => {
+                let argv: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+                write!(f, "command `{}`", argv.join(" "))
+            }
+        }
+    }
+}
+
+/// The perf event that drives on-CPU sampling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SampleEvent {
+    /// Software timer: works everywhere, VMs included.
+    #[default]
+    CpuClock,
+    /// Hardware CPU cycles: needs a PMU, which most VMs lack.
+    Cycles,
+}
+
+impl fmt::Display for SampleEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SampleEvent::CpuClock => "cpu-clock",
+            SampleEvent::Cycles => "cycles",
+        })
+    }
+}
+
+/// A family of probes, chosen with `--focus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Family {
+    /// On-CPU stack sampling (perf_event).
+    Cpu,
+}
+
+impl Family {
+    /// Every family, in report order.
+    pub const ALL: [Family; 1] = [Family::Cpu];
+}
+
+/// Everything `sysprof trace` needs to run.
+#[derive(Clone, Debug)]
+pub struct TraceConfig {
+    pub target: Target,
+    /// Stop after this long; `None` runs until Ctrl-C or until the command exits.
+    pub duration: Option<Duration>,
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    pub event: SampleEvent,
+    /// Entries of the in-kernel stack map.
+    pub stack_storage_size: u32,
+    /// Probe families to attach; empty means all that apply.
+    pub focus: Vec<Family>,
+    pub output_dir: PathBuf,
+    /// No live status line and no summary on stderr.
+    pub quiet: bool,
+    /// Run `-- CMD` as root even when sysprof was started through sudo.
+    pub command_as_root: bool,
+    /// The user behind sudo: owns the output and runs `-- CMD`.
+    pub invoking_user: Option<InvokingUser>,
+}
+
+impl TraceConfig {
+    /// A configuration with the CLI's defaults for `target`.
+    pub fn new(target: Target) -> Self {
+        TraceConfig {
+            target,
+            duration: None,
+            frequency_hz: 99,
+            event: SampleEvent::CpuClock,
+            stack_storage_size: sysprof_common::capacity::STACKS,
+            focus: Vec::new(),
+            output_dir: PathBuf::from("profile_output"),
+            quiet: false,
+            command_as_root: false,
+            invoking_user: None,
+        }
+    }
+
+    /// Whether a probe family is on for this run.
+    pub fn wants(&self, family: Family) -> bool {
+        self.focus.is_empty() || self.focus.contains(&family)
+    }
+}

@@ -1,0 +1,63 @@
+//! Failures a user can act on. Each message is one line that names the fix; `main` prints it
+//! with its cause chain.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Neither root nor CAP_BPF + CAP_PERFMON.
+    #[error("sysprof needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs: run it with sudo")]
+    NotPrivileged,
+
+    /// A `--pid` that names no running process.
+    #[error("no process with pid {0}: check it with `ps -p {0}`")]
+    NoSuchProcess(u32),
+
+    /// The output directory cannot hold the results.
+    #[error("cannot write results to {}: {reason}; choose another directory with -o DIR", path.display())]
+    OutputDir { path: PathBuf, reason: String },
+
+    /// `-- CMD` names no program on PATH.
+    #[error("command not found: {0}")]
+    CommandNotFound(String),
+
+    /// `-- CMD` exists but cannot be executed.
+    #[error("cannot run {program}: {reason}")]
+    CommandNotRunnable { program: String, reason: String },
+
+    /// `--cgroup` names no cgroup v2 directory.
+    #[error("no cgroup v2 at {}: list them with `ls /sys/fs/cgroup` or `systemd-cgls`", .0.display())]
+    NoSuchCgroup(PathBuf),
+
+    /// The cgroup v2 hierarchy is not mounted (cgroup v1 only).
+    #[error(
+        "cgroup v2 is not mounted at /sys/fs/cgroup: --cgroup and --unit need the unified hierarchy (boot with systemd.unified_cgroup_hierarchy=1)"
+    )]
+    NoCgroupV2,
+
+    /// `--unit` names no running systemd unit.
+    #[error("no running systemd unit {0} (no cgroup found for it): check `systemctl status {0}`")]
+    NoSuchUnit(String),
+
+    /// The sampling event needs hardware the machine lacks.
+    #[error("perf event {event} is not supported on this machine ({reason}): use --event cpu-clock")]
+    EventUnsupported { event: String, reason: String },
+
+    /// perf_event_open refused by policy.
+    #[error(
+        "perf events are restricted (kernel.perf_event_paranoid = {paranoid}): run as root, or `sudo sysctl kernel.perf_event_paranoid=1`"
+    )]
+    PerfEventsRestricted { paranoid: i32 },
+
+    /// The kernel refused to load a program; the verifier log is kept for bug reports.
+    #[error(
+        "the kernel refused BPF program {program}: {reason} (kernel {kernel}); please report this with `sysprof check` output"
+    )]
+    ProgramRejected { program: String, reason: String, kernel: String },
+
+    /// The kernel lacks a feature the requested probes need.
+    #[error("{feature} is not available on this kernel: {fix}")]
+    MissingKernelFeature { feature: String, fix: String },
+}

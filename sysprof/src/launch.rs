@@ -1,0 +1,196 @@
+//! Launches `-- CMD` held at a gate: the child exists (so its pid can join the in-kernel target
+//! set and the probes can attach) but runs none of CMD until the gate opens. Nothing CMD does,
+//! not even its first instructions or its first child, escapes the trace.
+//!
+//! Run through sudo, CMD runs as the invoking user with their groups, unless `--as-root`.
+
+use std::{
+    ffi::OsString,
+    io::{Read as _, Write as _},
+    os::{
+        fd::AsRawFd as _,
+        unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    },
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    thread::JoinHandle,
+};
+
+use anyhow::Context as _;
+
+use crate::{error::Error, privileges::InvokingUser};
+
+/// A child created and waiting at the gate.
+pub struct GatedChild {
+    pid: u32,
+    gate: std::fs::File,
+    spawner: JoinHandle<std::io::Result<Child>>,
+    program: String,
+}
+
+impl GatedChild {
+    /// Forks the child for `argv` and waits until it sits at the gate.
+    pub fn spawn(argv: &[OsString], run_as: Option<&InvokingUser>) -> anyhow::Result<Self> {
+        let program = argv.first().context("no command given after --")?;
+        let program_text = program.to_string_lossy().into_owned();
+        resolve_program(program)?;
+
+        let mut command = Command::new(program);
+        command.args(&argv[1..]);
+        let identity = run_as.map(|user| {
+            command.env("HOME", &user.home).env("USER", &user.name).env("LOGNAME", &user.name);
+            (user.uid, user.gid, user.groups.clone())
+        });
+
+        let (pid_reader, pid_writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (gate_reader, gate_writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (pid_fd, gate_fd) = (pid_writer.as_raw_fd(), gate_reader.as_raw_fd());
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe system calls on memory allocated before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                let pid = libc::getpid().to_ne_bytes();
+                if libc::write(pid_fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut go = 0u8;
+                if libc::read(gate_fd, (&raw mut go).cast(), 1) != 1 {
+                    // The gate closed without opening: sysprof gave up; run nothing.
+                    return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+                }
+                // Groups, then group, then user: once the user is dropped the others cannot be.
+                if let Some((uid, gid, groups)) = &identity
+                    && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                        || libc::setgid(*gid) != 0
+                        || libc::setuid(*uid) != 0)
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+
+        // `spawn` returns only once the child has exec'd, which is after the gate opens, so it
+        // runs on its own thread while this one learns the pid.
+        let spawner = std::thread::spawn(move || {
+            let result = command.spawn();
+            drop((pid_writer, gate_reader));
+            result
+        });
+        let mut pid = [0u8; 4];
+        let mut pid_reader = std::fs::File::from(pid_reader);
+        if pid_reader.read_exact(&mut pid).is_err() {
+            let error = match spawner.join() {
+                Ok(Err(error)) => error,
+                _ => std::io::Error::other("the child exited before reaching the gate"),
+            };
+            return Err(spawn_error(&program_text, error));
+        }
+        Ok(GatedChild {
+            pid: i32::from_ne_bytes(pid) as u32,
+            gate: std::fs::File::from(gate_writer),
+            spawner,
+            program: program_text,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Opens the gate: the child execs CMD.
+    pub fn release(mut self) -> anyhow::Result<Child> {
+        self.gate.write_all(&[1]).context("releasing the command")?;
+        drop(self.gate);
+        match self.spawner.join() {
+            Ok(Ok(child)) => Ok(child),
+            Ok(Err(error)) => Err(spawn_error(&self.program, error)),
+            Err(_) => anyhow::bail!("the thread launching {} panicked", self.program),
+        }
+    }
+}
+
+/// Checks that `program` names something executable, before anything is loaded.
+fn resolve_program(program: &std::ffi::OsStr) -> Result<PathBuf, Error> {
+    let text = program.to_string_lossy().into_owned();
+    let candidates: Vec<PathBuf> = if text.contains('/') {
+        vec![PathBuf::from(program)]
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|dir| dir.join(program))
+            .collect()
+    };
+    let Some(found) = candidates.into_iter().find(|path| path.exists()) else {
+        return Err(Error::CommandNotFound(text));
+    };
+    if !is_executable(&found) {
+        return Err(Error::CommandNotRunnable {
+            program: text,
+            reason: "permission denied (is it executable? `chmod +x` it)".into(),
+        });
+    }
+    Ok(found)
+}
+
+fn is_executable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+}
+
+fn spawn_error(program: &str, error: std::io::Error) -> anyhow::Error {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => Error::CommandNotFound(program.to_string()).into(),
+        _ => Error::CommandNotRunnable { program: program.to_string(), reason: error.to_string() }.into(),
+    }
+}
+
+/// How a command ended, in words, and the exit code sysprof passes on (128 + signal when killed,
+/// as shells do).
+pub fn describe_exit(status: std::process::ExitStatus) -> (String, u8) {
+    use std::os::unix::process::ExitStatusExt as _;
+    if let Some(code) = status.code() {
+        return (format!("exit status {code}"), code as u8);
+    }
+    let signal = status.signal().unwrap_or(0);
+    let name = nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or(signal.to_string());
+    (format!("killed by {name}"), 128u8.wrapping_add(signal as u8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gated_child_runs_only_once_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let argv: Vec<OsString> =
+            vec!["sh".into(), "-c".into(), format!("echo $$ > {}", marker.display()).into()];
+        let gated = GatedChild::spawn(&argv, None).unwrap();
+        let pid = gated.pid();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!marker.exists(), "the command ran before the gate opened");
+        let mut child = gated.release().unwrap();
+        assert_eq!(child.id(), pid);
+        assert!(child.wait().unwrap().success());
+        // `sh -c` with one command execs it in place, so the pid written is the gated one.
+        assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), pid.to_string());
+    }
+
+    #[test]
+    fn missing_and_unrunnable_commands_are_named() {
+        let error = GatedChild::spawn(&["sysprof-no-such-command".into()], None).err().unwrap();
+        assert_eq!(error.to_string(), "command not found: sysprof-no-such-command");
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let error = GatedChild::spawn(&[file.path().as_os_str().to_owned()], None).err().unwrap();
+        assert!(error.to_string().contains("permission denied"), "{error}");
+    }
+
+    #[test]
+    fn exits_are_described_as_shells_do() {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(describe_exit(std::process::ExitStatus::from_raw(3 << 8)), ("exit status 3".into(), 3));
+        assert_eq!(describe_exit(std::process::ExitStatus::from_raw(9)), ("killed by SIGKILL".into(), 137));
+    }
+}

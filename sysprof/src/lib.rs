@@ -1,0 +1,36 @@
+//! sysprof: an eBPF profiler that answers "where does the time go, and what should I change
+//! first?" without modifying, restarting or injecting anything into the target.
+//!
+//! One `sysprof trace` runs these stages, each in its own module:
+//!
+//! 1. preflight: [`privileges`], [`target`] (the target exists), [`output`] (the directory is
+//!    writable), [`btf`] (kernel layouts the programs need);
+//! 2. load/attach: [`probes`] (the embedded BPF object), [`launch`] (`-- CMD` held at a gate);
+//! 3. collect: [`collect`] (events, status line, the end of the trace), [`procs`] and
+//!    [`procmaps`] (memory maps kept for symbolization);
+//! 4. aggregate: [`profile`]; 5. symbolize: [`symbolize`];
+//! 6. write: [`report`] (the model) and [`output`] (folded, SVG, Markdown, JSON).
+//!
+//! [`trace::trace`] strings them together; the CLI ([`cli`]) only builds a [`config::TraceConfig`].
+
+pub mod btf;
+pub mod check;
+pub mod cli;
+pub mod collect;
+pub mod config;
+pub mod cpustat;
+pub mod error;
+pub mod launch;
+pub mod output;
+pub mod privileges;
+pub mod probes;
+pub mod procmaps;
+pub mod procs;
+pub mod profile;
+pub mod report;
+pub mod selfcost;
+pub mod symbolize;
+pub mod target;
+pub mod trace;
+
+pub use trace::{TraceOutcome, trace};

@@ -1,0 +1,28 @@
+//! The `sysprof` command: parses the command line, runs the library, prints the outcome.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use sysprof::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trace(args) => match args.into_config() {
+            Ok(config) => sysprof::trace(config).map(|outcome| outcome.exit_code),
+            Err(usage) => {
+                eprintln!("{usage}");
+                return ExitCode::from(2);
+            }
+        },
+        Command::Check(args) => sysprof::check::run(args.json),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            // One line, the whole chain: "what failed: why", with the fix in the message.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! Flamegraph SVG (`cpu.svg`) drawn by inferno from the folded lines.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use inferno::flamegraph::{self, Options};
+
+use super::{Artifact, Sink, folded::folded_lines, write_file};
+
+pub struct Flamegraph;
+
+impl Sink for Flamegraph {
+    fn write(&self, artifact: &Artifact<'_>, dir: &Path) -> anyhow::Result<Option<String>> {
+        let Artifact::Stacks { name, title, profile } = artifact else {
+            return Ok(None);
+        };
+        let lines = folded_lines(profile);
+        let mut options = Options::default();
+        options.title = title.to_string();
+        options.count_name = profile.unit.clone();
+        let mut svg = Vec::new();
+        if lines.is_empty() {
+            // inferno refuses empty input; an empty profile still gets a file that says so.
+            svg = empty_svg(title).into_bytes();
+        } else {
+            flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+                .with_context(|| format!("drawing the {name} flamegraph"))?;
+        }
+        let file = format!("{name}.svg");
+        write_file(dir, &file, &svg)?;
+        Ok(Some(file))
+    }
+}
+
+fn empty_svg(title: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n<svg version=\"1.1\" width=\"1200\" height=\"60\" \
+         xmlns=\"http://www.w3.org/2000/svg\"><text x=\"600\" y=\"30\" text-anchor=\"middle\">{title}: \
+         no samples</text></svg>\n"
+    )
+}

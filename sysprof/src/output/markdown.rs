@@ -1,0 +1,277 @@
+//! `report.md`: the report model as tables a person reads top to bottom. Part A answers where the
+//! time goes and what to change first; Part B is the changelog of what sysprof instrumented.
+
+use std::{fmt::Write as _, path::Path};
+
+use super::{Artifact, Sink, write_file};
+use crate::report::Report;
+
+pub struct MarkdownReport;
+
+impl Sink for MarkdownReport {
+    fn write(&self, artifact: &Artifact<'_>, dir: &Path) -> anyhow::Result<Option<String>> {
+        let Artifact::Report(report) = artifact else {
+            return Ok(None);
+        };
+        write_file(dir, "report.md", render(report).as_bytes())?;
+        Ok(Some("report.md".into()))
+    }
+}
+
+/// The whole report as Markdown.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# sysprof report: {}\n", report.run.target);
+    let _ = writeln!(out, "## Part A: where the time goes\n");
+    run_summary(&mut out, report);
+    recommendations(&mut out, report);
+    cpu(&mut out, report);
+    overhead(&mut out, report);
+    limitations(&mut out, report);
+    part_b(&mut out, report);
+    out
+}
+
+fn run_summary(out: &mut String, report: &Report) {
+    let run = &report.run;
+    let _ = writeln!(out, "### Run summary\n");
+    let mut rows = vec![
+        vec!["Target".to_string(), run.target.clone()],
+        vec!["Started".into(), run.started_at.clone()],
+        vec!["Duration".into(), format!("{:.2} s (ended by {})", run.duration_s, run.ended_by)],
+    ];
+    if let Some(status) = &run.command_status {
+        rows.push(vec!["Command".into(), status.clone()]);
+    }
+    rows.extend([
+        vec![
+            "Sampling".into(),
+            format!("{} at {} Hz per CPU, {} CPUs", run.event, run.frequency_hz, run.cpus),
+        ],
+        vec!["Samples".into(), thousands(run.samples)],
+        vec![
+            "Machine CPU".into(),
+            match run.machine_busy_share {
+                Some(busy) => format!(
+                    "{:.1}% busy, {:.1}% idle, all CPUs together (/proc/stat); idle CPUs are not sampled",
+                    busy * 100.0,
+                    (1.0 - busy) * 100.0
+                ),
+                None => "unknown (/proc/stat unreadable)".into(),
+            },
+        ],
+        vec![
+            "Lost".into(),
+            format!(
+                "{} samples, {} user stacks, {} kernel stacks, {} process events, {} processes not followed",
+                run.lost.samples,
+                run.lost.user_stacks,
+                run.lost.kernel_stacks,
+                run.lost.process_events,
+                run.lost.processes_not_followed
+            ),
+        ],
+        vec!["Files".into(), run.outputs.join(", ")],
+    ]);
+    table(out, &["", ""], &rows);
+}
+
+fn recommendations(out: &mut String, report: &Report) {
+    let _ = writeln!(out, "### Recommendations, ranked by expected impact\n");
+    if report.recommendations.is_empty() {
+        let _ = writeln!(out, "Nothing stands out: no single function or cost dominates.\n");
+        return;
+    }
+    for (rank, rec) in report.recommendations.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{}. **{}** (impact ~{:.0}% of measured time). {}. {}.",
+            rank + 1,
+            escape(&rec.title),
+            rec.impact * 100.0,
+            rec.evidence,
+            rec.action
+        );
+    }
+    out.push('\n');
+}
+
+fn cpu(out: &mut String, report: &Report) {
+    let _ = writeln!(out, "### CPU: processes\n");
+    if report.processes.is_empty() {
+        let _ = writeln!(out, "No on-CPU samples of the target: it did not run on a CPU while traced.\n");
+        return;
+    }
+    let rows: Vec<Vec<String>> = report
+        .processes
+        .iter()
+        .take(20)
+        .map(|p| vec![escape(&p.name), p.pid.to_string(), thousands(p.weight), percent(p.share)])
+        .collect();
+    table(out, &["Process", "PID", "Samples", "Share"], &rows);
+
+    let _ = writeln!(out, "### CPU: hotspots\n");
+    let _ = writeln!(
+        out,
+        "Self: samples in the function's own code. Total: samples in it or in what it calls. \
+         The flamegraph is cpu.svg.\n"
+    );
+    let rows: Vec<Vec<String>> = report
+        .hotspots
+        .iter()
+        .map(|h| {
+            vec![
+                format!("`{}`", escape(&h.function)),
+                escape(&h.module),
+                percent(h.self_share),
+                thousands(h.self_weight),
+                percent(h.total_share),
+                thousands(h.total_weight),
+            ]
+        })
+        .collect();
+    table(out, &["Function", "Module", "Self %", "Self", "Total %", "Total"], &rows);
+}
+
+fn overhead(out: &mut String, report: &Report) {
+    let cost = &report.overhead;
+    let _ = writeln!(out, "### sysprof's own cost\n");
+    if cost.bpf_stats_available {
+        let rows: Vec<Vec<String>> = cost
+            .programs
+            .iter()
+            .map(|p| {
+                let average = p.run_time_ns.checked_div(p.run_count).unwrap_or(0);
+                vec![
+                    format!("`{}`", p.program),
+                    thousands(p.run_count),
+                    format!("{:.3} ms", p.run_time_ns as f64 / 1e6),
+                    format!("{average} ns"),
+                ]
+            })
+            .collect();
+        table(out, &["BPF program", "Runs", "Total time", "Per run"], &rows);
+        let _ = writeln!(
+            out,
+            "BPF programs: {:.3} ms in all, {:.4}% of the CPU time available during the run.",
+            cost.bpf_time_ns as f64 / 1e6,
+            cost.bpf_cpu_share * 100.0
+        );
+    } else {
+        let _ = writeln!(out, "The kernel keeps no BPF run-time statistics here (kernel.bpf_stats_enabled).");
+    }
+    let _ = writeln!(
+        out,
+        "sysprof process: {:.2} s of CPU, peak RSS {} KiB. Lost events: {}.\n",
+        cost.sysprof_cpu_s,
+        thousands(cost.sysprof_peak_rss_kib),
+        report.run.lost.total()
+    );
+}
+
+fn limitations(out: &mut String, report: &Report) {
+    if report.limitations.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "### What sysprof could not see\n");
+    for limitation in &report.limitations {
+        let _ = writeln!(out, "- {limitation}");
+    }
+    out.push('\n');
+}
+
+fn part_b(out: &mut String, report: &Report) {
+    let instr = &report.instrumentation;
+    let _ = writeln!(out, "## Part B: instrumentation changelog\n");
+    let file_rows: Vec<Vec<String>> = if instr.files_modified.is_empty() {
+        vec![vec![
+            "(none)".into(),
+            "none".into(),
+            "no file was modified, nothing was injected or restarted: eBPF programs were attached to the \
+             running kernel and removed at exit"
+                .into(),
+            "0".into(),
+        ]]
+    } else {
+        instr
+            .files_modified
+            .iter()
+            .map(|f| vec![escape(f), "modified".into(), String::new(), "?".into()])
+            .collect()
+    };
+    table(out, &["File", "Change type", "What", "Lines"], &file_rows);
+
+    let _ = writeln!(out, "### BPF programs attached\n");
+    let gone = instr.detach.still_loaded.is_empty();
+    let rows: Vec<Vec<String>> = instr
+        .probes
+        .iter()
+        .map(|p| {
+            let detached = if instr.detach.still_loaded.contains(&p.program_id) {
+                format!("NO: program id {} still loaded", p.program_id)
+            } else {
+                format!("yes (program id {} gone)", p.program_id)
+            };
+            vec![
+                format!("`{}`", p.program),
+                p.kind.clone(),
+                escape(&p.attached_to),
+                p.links.to_string(),
+                detached,
+            ]
+        })
+        .collect();
+    table(out, &["Program", "Type", "Attached to", "Links", "Detached"], &rows);
+    let _ = writeln!(
+        out,
+        "Detach check: {} of {} programs confirmed unloaded by listing the kernel's BPF programs after \
+         detaching{}.",
+        instr.detach.programs - instr.detach.still_loaded.len(),
+        instr.detach.programs,
+        if gone { "" } else { " (some remained: see above)" }
+    );
+}
+
+/// A Markdown table; the first header may be empty for key/value tables.
+fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
+    let _ = writeln!(out, "| {} |", headers.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(headers.len()));
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    out.push('\n');
+}
+
+fn escape(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+fn percent(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+/// 1234567 -> "1,234,567".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+}

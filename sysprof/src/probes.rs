@@ -1,0 +1,329 @@
+//! The load/attach stage: the embedded BPF object, its programs attached to the kernel, the
+//! maps read back, and the proof that everything was detached.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    programs::{
+        PerfEvent, ProgramError, RawTracePoint,
+        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use serde::Serialize;
+use sysprof_common::{Config, Counter, SampleKey, names};
+
+use crate::{config::SampleEvent, error::Error};
+
+/// The BPF object built from `sysprof-ebpf` by build.rs.
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
+
+/// One program attached to the kernel, for the Part B changelog.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttachedProbe {
+    /// Program name in the object.
+    pub program: String,
+    /// BPF program type: perf_event, raw_tracepoint, uprobe, ...
+    pub kind: String,
+    /// What it is attached to.
+    pub attached_to: String,
+    /// Number of kernel attachments (one per CPU for perf events).
+    pub links: u32,
+    /// Kernel program id, used to prove the program is gone after detach.
+    pub program_id: u32,
+}
+
+/// Run-time statistics of one program, from the kernel's BPF stats.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProgramCost {
+    pub program: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+/// What detaching left behind, checked against the kernel's list of loaded programs.
+#[derive(Clone, Debug, Serialize)]
+pub struct DetachReport {
+    /// Programs sysprof had loaded.
+    pub programs: usize,
+    /// Kernel ids of those still loaded after detach (empty when everything is gone).
+    pub still_loaded: Vec<u32>,
+}
+
+/// In-kernel counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters([u64; Counter::SLOTS as usize]);
+
+impl Counters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+}
+
+/// Raw on-CPU samples as the kernel aggregated them, with the stacks they reference.
+#[derive(Debug, Default)]
+pub struct CpuSamples {
+    pub counts: Vec<(SampleKey, u64)>,
+    /// Stack id -> instruction pointers, innermost first.
+    pub stacks: HashMap<u32, Vec<u64>>,
+}
+
+/// The loaded BPF object and everything attached from it.
+pub struct Probes {
+    ebpf: Ebpf,
+    attached: Vec<AttachedProbe>,
+    /// Keeps the kernel's run-time statistics on while sysprof runs (None where refused).
+    stats: Option<OwnedFd>,
+}
+
+impl Probes {
+    /// Loads the object with `config` baked into its read-only data and room for
+    /// `stack_entries` stacks. No program runs yet.
+    pub fn load(config: &Config, stack_entries: u32) -> anyhow::Result<Self> {
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        let ebpf = EbpfLoader::new()
+            .override_global(names::CONFIG, config, true)
+            .map_max_entries(names::STACKS, stack_entries)
+            .load(BPF_OBJECT)
+            .context("loading sysprof's BPF object")?;
+        Ok(Probes { ebpf, attached: Vec::new(), stats })
+    }
+
+    /// Adds a process to the in-kernel target set.
+    pub fn add_target_process(&mut self, pid: u32) -> anyhow::Result<()> {
+        let mut targets: BpfHashMap<&mut MapData, u32, u8> =
+            BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
+        targets.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the targets"))?;
+        Ok(())
+    }
+
+    /// Attaches on-CPU sampling to every online CPU at `frequency_hz`.
+    pub fn attach_cpu_sampling(&mut self, event: SampleEvent, frequency_hz: u64) -> anyhow::Result<()> {
+        const PROGRAM: &str = "cpu_sample";
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, error)| anyhow!("{what}: {error}"))
+            .context("listing online CPUs")?;
+        let program: &mut PerfEvent = program_mut(&mut self.ebpf, PROGRAM)?.try_into()?;
+        program.load().map_err(|e| rejected(PROGRAM, e))?;
+        let perf_config = match event {
+            SampleEvent::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            SampleEvent::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
+        };
+        for &cpu in &cpus {
+            program
+                .attach(
+                    perf_config,
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency_hz),
+                    false,
+                )
+                .map_err(|e| perf_event_error(event, e))?;
+        }
+        let program_id = program.info()?.id();
+        self.attached.push(AttachedProbe {
+            program: PROGRAM.into(),
+            kind: "perf_event".into(),
+            attached_to: format!("{event} at {frequency_hz} Hz on CPUs {}", cpu_ranges(&cpus)),
+            links: cpus.len() as u32,
+            program_id,
+        });
+        Ok(())
+    }
+
+    /// Attaches the process life-cycle programs (fork, exec, exit).
+    pub fn attach_process_tracking(&mut self) -> anyhow::Result<()> {
+        for (program_name, tracepoint) in [
+            ("process_fork", "sched_process_fork"),
+            ("process_exec", "sched_process_exec"),
+            ("process_exit", "sched_process_exit"),
+        ] {
+            let program: &mut RawTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
+            program.load().map_err(|e| rejected(program_name, e))?;
+            program
+                .attach(tracepoint)
+                .with_context(|| format!("attaching {program_name} to raw tracepoint {tracepoint}"))?;
+            let program_id = program.info()?.id();
+            self.attached.push(AttachedProbe {
+                program: program_name.into(),
+                kind: "raw_tracepoint".into(),
+                attached_to: format!("sched:{tracepoint}"),
+                links: 1,
+                program_id,
+            });
+        }
+        Ok(())
+    }
+
+    /// The ring buffer of process events, for the collector to own.
+    pub fn take_process_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(names::PROCESS_EVENTS)
+            .with_context(|| format!("map {} missing from the BPF object", names::PROCESS_EVENTS))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// The in-kernel counters, summed over CPUs.
+    pub fn counters(&self) -> anyhow::Result<Counters> {
+        let array: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(names::COUNTERS)?)?;
+        let mut counters = Counters::default();
+        for (slot, total) in counters.0.iter_mut().enumerate() {
+            *total = array.get(&(slot as u32), 0)?.iter().sum();
+        }
+        Ok(counters)
+    }
+
+    /// Reads the on-CPU sample counts and every stack they reference.
+    pub fn cpu_samples(&self) -> anyhow::Result<CpuSamples> {
+        let counts_map: BpfHashMap<&MapData, SampleKey, u64> =
+            BpfHashMap::try_from(self.map(names::CPU_SAMPLES)?)?;
+        let counts: Vec<(SampleKey, u64)> = counts_map.iter().collect::<Result<_, _>>()?;
+        let ids: BTreeSet<u32> = counts
+            .iter()
+            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        let stacks = self.stacks(&ids)?;
+        Ok(CpuSamples { counts, stacks })
+    }
+
+    fn stacks(&self, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
+        let map = StackTraceMap::try_from(self.map(names::STACKS)?)?;
+        let mut stacks = HashMap::with_capacity(ids.len());
+        for &id in ids {
+            // A stack id can vanish only if the map were cleared; skip rather than fail.
+            if let Ok(trace) = map.get(&id, 0) {
+                stacks.insert(id, trace.frames().iter().map(|frame| frame.ip).collect());
+            }
+        }
+        Ok(stacks)
+    }
+
+    /// Whether the kernel keeps run-time statistics for the programs.
+    pub fn stats_available(&self) -> bool {
+        self.stats.is_some()
+    }
+
+    /// What is attached so far.
+    pub fn attached(&self) -> &[AttachedProbe] {
+        &self.attached
+    }
+
+    /// Run count and time of each attached program (zero where the kernel keeps no stats).
+    pub fn costs(&self) -> Vec<ProgramCost> {
+        self.attached
+            .iter()
+            .filter_map(|probe| {
+                let info = self.ebpf.program(&probe.program)?.info().ok()?;
+                Some(ProgramCost {
+                    program: probe.program.clone(),
+                    run_count: info.run_count(),
+                    run_time_ns: info.run_time().as_nanos() as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// Detaches and unloads everything, then checks with the kernel that no program remains.
+    pub fn detach(self) -> DetachReport {
+        let ids: Vec<u32> = self.attached.iter().map(|probe| probe.program_id).collect();
+        drop(self.ebpf);
+        // The kernel frees programs after an RCU grace period once the last fd closes.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let loaded: BTreeSet<u32> =
+                aya::programs::loaded_programs().filter_map(|info| info.ok().map(|info| info.id())).collect();
+            let still_loaded: Vec<u32> = ids.iter().copied().filter(|id| loaded.contains(id)).collect();
+            if still_loaded.is_empty() || Instant::now() > deadline {
+                return DetachReport { programs: ids.len(), still_loaded };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
+        self.ebpf.map(name).with_context(|| format!("map {name} missing from the BPF object"))
+    }
+
+    fn map_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::maps::Map> {
+        self.ebpf.map_mut(name).with_context(|| format!("map {name} missing from the BPF object"))
+    }
+}
+
+fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name).with_context(|| format!("program {name} missing from the BPF object"))
+}
+
+/// A verifier rejection, with the log saved for the bug report.
+fn rejected(program: &str, error: ProgramError) -> anyhow::Error {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|release| release.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let reason = match &error {
+        ProgramError::LoadError { io_error, verifier_log } => {
+            let log_path = std::env::temp_dir().join(format!("sysprof-verifier-{program}.log"));
+            let saved = std::fs::write(&log_path, verifier_log.to_string()).is_ok();
+            if saved {
+                format!("{io_error}; verifier log in {}", log_path.display())
+            } else {
+                io_error.to_string()
+            }
+        }
+        other => other.to_string(),
+    };
+    Error::ProgramRejected { program: program.into(), reason, kernel }.into()
+}
+
+/// Turns perf_event_open failures into the fix a user needs.
+fn perf_event_error(event: SampleEvent, error: ProgramError) -> anyhow::Error {
+    let io_error = match &error {
+        ProgramError::SyscallError(syscall) => Some(&syscall.io_error),
+        _ => None,
+    };
+    match io_error.and_then(std::io::Error::raw_os_error) {
+        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => Error::EventUnsupported {
+            event: event.to_string(),
+            reason: "no hardware PMU: usual in virtual machines".into(),
+        }
+        .into(),
+        Some(libc::EACCES | libc::EPERM) => {
+            Error::PerfEventsRestricted { paranoid: crate::check::perf_event_paranoid().unwrap_or(-1) }.into()
+        }
+        _ => anyhow::Error::new(error).context(format!("opening the {event} perf event")),
+    }
+}
+
+/// "0-3,6" for a list of CPU numbers.
+fn cpu_ranges(cpus: &[u32]) -> String {
+    let mut ranges: Vec<String> = Vec::new();
+    let mut index = 0;
+    while index < cpus.len() {
+        let start = cpus[index];
+        let mut end = start;
+        while index + 1 < cpus.len() && cpus[index + 1] == end + 1 {
+            index += 1;
+            end = cpus[index];
+        }
+        ranges.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+        index += 1;
+    }
+    ranges.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_read_as_ranges() {
+        assert_eq!(cpu_ranges(&[0, 1, 2, 3]), "0-3");
+        assert_eq!(cpu_ranges(&[0, 2, 3, 7]), "0,2-3,7");
+        assert_eq!(cpu_ranges(&[5]), "5");
+    }
+}

@@ -1,0 +1,193 @@
+//! Snapshots of a process's executable mappings, taken while it lives, so that its addresses
+//! can still be symbolized after it exits.
+
+use std::{
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use procfs::process::{MMapPath, Process};
+
+/// What backs an executable mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// An ELF file: `path` as the process saw it, `open` as sysprof can open it.
+    File { path: PathBuf, open: PathBuf },
+    /// The kernel's vDSO.
+    Vdso,
+    /// Anonymous executable memory: JIT code, described by /tmp/perf-PID.map when the runtime
+    /// writes one.
+    Anonymous,
+    /// Anything else (`[vsyscall]`, ...).
+    Other(String),
+}
+
+/// One executable mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of `start`.
+    pub file_offset: u64,
+    pub backing: Backing,
+}
+
+impl Mapping {
+    /// Offset in the backing file of an address inside this mapping.
+    pub fn file_offset_of(&self, addr: u64) -> u64 {
+        addr - self.start + self.file_offset
+    }
+
+    /// Short module name for reports: the file name, or `[vdso]`, `[anon]`.
+    pub fn module_name(&self) -> String {
+        match &self.backing {
+            Backing::File { path, .. } => path
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.display().to_string()),
+            Backing::Vdso => "[vdso]".into(),
+            Backing::Anonymous => "[anon]".into(),
+            Backing::Other(name) => name.clone(),
+        }
+    }
+}
+
+/// The executable mappings of one process, sorted by address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessMaps {
+    mappings: Vec<Mapping>,
+}
+
+impl ProcessMaps {
+    /// Reads /proc/PID/maps now.
+    pub fn read(pid: u32) -> procfs::ProcResult<Self> {
+        let process = Process::new(pid as i32)?;
+        let mut mappings = Vec::new();
+        for map in process.maps()? {
+            if !map.perms.contains(procfs::process::MMPermissions::EXECUTE) {
+                continue;
+            }
+            let backing = match map.pathname {
+                MMapPath::Path(path) => file_backing(pid, path, map.inode, map.address),
+                MMapPath::Vdso => Backing::Vdso,
+                MMapPath::Anonymous => Backing::Anonymous,
+                other => Backing::Other(format!("{other:?}").to_lowercase()),
+            };
+            mappings.push(Mapping {
+                start: map.address.0,
+                end: map.address.1,
+                file_offset: map.offset,
+                backing,
+            });
+        }
+        mappings.sort_by_key(|m| m.start);
+        Ok(ProcessMaps { mappings })
+    }
+
+    /// From mappings given directly (tests, and processes whose maps were read elsewhere).
+    pub fn from_mappings(mut mappings: Vec<Mapping>) -> Self {
+        mappings.sort_by_key(|m| m.start);
+        ProcessMaps { mappings }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mappings.is_empty()
+    }
+
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
+    /// The mapping that contains `addr`.
+    pub fn find(&self, addr: u64) -> Option<&Mapping> {
+        let index = self.mappings.partition_point(|m| m.start <= addr);
+        let candidate = self.mappings.get(index.checked_sub(1)?)?;
+        (addr < candidate.end).then_some(candidate)
+    }
+
+    /// Folds in a later snapshot of the same address space (libraries loaded since, code
+    /// unmapped since): later mappings win where they overlap, earlier ones are kept elsewhere
+    /// because samples taken before an unmap still point into them.
+    pub fn merge_later(&mut self, later: ProcessMaps) {
+        let mut merged: Vec<Mapping> = self
+            .mappings
+            .drain(..)
+            .filter(|old| !later.mappings.iter().any(|new| new.start < old.end && old.start < new.end))
+            .collect();
+        merged.extend(later.mappings);
+        merged.sort_by_key(|m| m.start);
+        self.mappings = merged;
+    }
+}
+
+/// Where sysprof can open a mapped file: the path itself when it is the same file (same
+/// inode), else through the process's root (containers) or map_files (deleted files), which
+/// only work while the process lives.
+fn file_backing(pid: u32, path: PathBuf, inode: u64, (start, end): (u64, u64)) -> Backing {
+    let deleted_suffix = " (deleted)";
+    let text = path.to_string_lossy();
+    if let Some(original) = text.strip_suffix(deleted_suffix) {
+        return Backing::File {
+            path: PathBuf::from(original),
+            open: PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")),
+        };
+    }
+    let same_file = std::fs::metadata(&path).is_ok_and(|meta| meta.ino() == inode);
+    let open = if same_file { path.clone() } else { in_process_root(pid, &path) };
+    Backing::File { path, open }
+}
+
+fn in_process_root(pid: u32, path: &Path) -> PathBuf {
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    Path::new(&format!("/proc/{pid}/root")).join(relative)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, end: u64, name: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            file_offset: 0x1000,
+            backing: Backing::File { path: name.into(), open: name.into() },
+        }
+    }
+
+    #[test]
+    fn finds_the_mapping_of_an_address() {
+        let maps = ProcessMaps::from_mappings(vec![
+            mapping(0x3000, 0x4000, "/lib/b.so"),
+            mapping(0x1000, 0x2000, "/bin/a"),
+        ]);
+        assert_eq!(maps.find(0x1000).unwrap().module_name(), "a");
+        assert_eq!(maps.find(0x1fff).unwrap().module_name(), "a");
+        assert!(maps.find(0x2000).is_none());
+        assert!(maps.find(0x0fff).is_none());
+        assert_eq!(maps.find(0x3abc).unwrap().module_name(), "b.so");
+        assert_eq!(maps.find(0x3abc).unwrap().file_offset_of(0x3abc), 0x1abc);
+    }
+
+    #[test]
+    fn later_snapshots_win_where_they_overlap() {
+        let mut maps = ProcessMaps::from_mappings(vec![
+            mapping(0x1000, 0x2000, "/bin/a"),
+            mapping(0x5000, 0x6000, "/lib/old.so"),
+        ]);
+        maps.merge_later(ProcessMaps::from_mappings(vec![
+            mapping(0x1000, 0x2000, "/bin/a"),
+            mapping(0x5800, 0x7000, "/lib/new.so"),
+        ]));
+        let names: Vec<String> = maps.mappings().iter().map(Mapping::module_name).collect();
+        assert_eq!(names, ["a", "new.so"]);
+    }
+
+    #[test]
+    fn reads_its_own_maps() {
+        let maps = ProcessMaps::read(std::process::id()).unwrap();
+        let here = reads_its_own_maps as *const () as u64;
+        let mapping = maps.find(here).expect("this function is in an executable mapping");
+        assert!(matches!(mapping.backing, Backing::File { .. }));
+    }
+}

@@ -1,0 +1,202 @@
+//! The processes of a trace: their names, parents and memory-map snapshots, kept up to date
+//! from the kernel's process events so that processes that exit mid-trace still symbolize.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use sysprof_common::{ProcessEvent, process_event};
+
+use crate::procmaps::ProcessMaps;
+
+/// Re-read a new process's maps at these ages: its dynamic loader maps libraries in the first
+/// milliseconds after exec.
+const NEW_PROCESS_RESCANS: [Duration; 4] =
+    [Duration::from_millis(5), Duration::from_millis(30), Duration::from_millis(200), Duration::from_secs(1)];
+/// Then re-read live processes this often, for libraries loaded later (dlopen).
+const RESCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// Beyond this many live processes (--all on a big host), periodic rescans stop: new processes
+/// and the end of the trace still get theirs.
+const MAX_PERIODIC_RESCANS: usize = 128;
+
+/// What sysprof knows about one process.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessRecord {
+    pub name: String,
+    pub parent: Option<u32>,
+    pub maps: Option<ProcessMaps>,
+    /// Started (forked or exec'd) while sysprof was tracing.
+    pub started_during_trace: bool,
+    pub exited: bool,
+    /// When its maps were last read, and how many early rescans it has had.
+    last_scan: Option<Instant>,
+    early_scans: usize,
+}
+
+/// Every process seen during the trace, by pid.
+#[derive(Debug, Default)]
+pub struct ProcessTable {
+    processes: HashMap<u32, ProcessRecord>,
+}
+
+impl ProcessTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a process that was running when the trace started, reading its maps now.
+    pub fn observe_existing(&mut self, pid: u32) {
+        let record = self.processes.entry(pid).or_default();
+        if record.name.is_empty() {
+            record.name = read_comm(pid).unwrap_or_default();
+        }
+        scan(pid, record, Instant::now());
+    }
+
+    /// Applies one event from the kernel.
+    pub fn on_event(&mut self, event: &ProcessEvent) {
+        let now = Instant::now();
+        let comm = comm_to_string(&event.comm);
+        match event.kind {
+            process_event::FORK => {
+                // Until it execs, a child runs its parent's code at the parent's addresses.
+                let inherited = self.processes.get(&event.parent_pid).and_then(|p| p.maps.clone());
+                let record = self.processes.entry(event.pid).or_default();
+                record.name = comm;
+                record.parent = Some(event.parent_pid);
+                record.started_during_trace = true;
+                record.maps = inherited;
+                record.early_scans = 0;
+                scan(event.pid, record, now);
+            }
+            process_event::EXEC => {
+                let record = self.processes.entry(event.pid).or_default();
+                record.name = comm;
+                record.started_during_trace = true;
+                record.maps = None;
+                record.early_scans = 0;
+                scan(event.pid, record, now);
+            }
+            process_event::EXIT => {
+                let record = self.processes.entry(event.pid).or_default();
+                if record.name.is_empty() {
+                    record.name = comm;
+                }
+                // Usually too late (the address space is gone), but costs nothing to try.
+                scan(event.pid, record, now);
+                record.exited = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Re-reads the maps of processes that are due: new ones several times in their first
+    /// second, the others every few seconds while there are not too many.
+    pub fn rescan_due(&mut self) {
+        let now = Instant::now();
+        let live = self.processes.values().filter(|p| !p.exited).count();
+        for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
+            let Some(last) = record.last_scan else { continue };
+            let due = match NEW_PROCESS_RESCANS.get(record.early_scans) {
+                Some(&delay) if record.started_during_trace => now >= last + delay,
+                _ => live <= MAX_PERIODIC_RESCANS && now >= last + RESCAN_INTERVAL,
+            };
+            if due {
+                record.early_scans += 1;
+                scan(pid, record, now);
+            }
+        }
+    }
+
+    /// Reads the maps of `pid` if it was never seen: a process that only shows up in samples.
+    pub fn ensure(&mut self, pid: u32) {
+        if !self.processes.contains_key(&pid) {
+            self.observe_existing(pid);
+        }
+    }
+
+    /// A last read of every live process's maps, at the end of the trace.
+    pub fn final_scan(&mut self) {
+        let now = Instant::now();
+        for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
+            scan(pid, record, now);
+        }
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&ProcessRecord> {
+        self.processes.get(&pid)
+    }
+
+    /// Processes that have not exited.
+    pub fn live_pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.processes.iter().filter(|(_, p)| !p.exited).map(|(pid, _)| *pid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.processes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty()
+    }
+}
+
+/// Reads the maps of `pid`, merging them into what is known (a failed read keeps the old
+/// snapshot: the process may be exiting).
+fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) {
+    record.last_scan = Some(now);
+    match ProcessMaps::read(pid) {
+        Ok(maps) if !maps.is_empty() => match &mut record.maps {
+            Some(known) => known.merge_later(maps),
+            None => record.maps = Some(maps),
+        },
+        _ => {}
+    }
+}
+
+fn read_comm(pid: u32) -> Option<String> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(comm.trim_end_matches('\n').to_string())
+}
+
+/// A kernel task name (NUL padded) as text.
+pub fn comm_to_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: u32, pid: u32, parent_pid: u32, comm: &str) -> ProcessEvent {
+        let mut name = [0u8; 16];
+        name[..comm.len()].copy_from_slice(comm.as_bytes());
+        ProcessEvent { kind, pid, parent_pid, exit_code: 0, time_ns: 0, comm: name }
+    }
+
+    #[test]
+    fn a_forked_child_inherits_its_parents_maps_until_it_has_its_own() {
+        let mut table = ProcessTable::new();
+        let me = std::process::id();
+        table.observe_existing(me);
+        assert!(table.get(me).unwrap().maps.is_some());
+        // A pid that does not exist: its own maps cannot be read, the parent's stand in.
+        let child = u32::MAX - 7;
+        table.on_event(&event(process_event::FORK, child, me, "worker"));
+        let record = table.get(child).unwrap();
+        assert_eq!(record.name, "worker");
+        assert_eq!(record.parent, Some(me));
+        assert_eq!(record.maps, table.get(me).unwrap().maps);
+        table.on_event(&event(process_event::EXIT, child, 0, "worker"));
+        assert!(table.get(child).unwrap().exited);
+        assert!(!table.live_pids().any(|pid| pid == child));
+    }
+
+    #[test]
+    fn comm_stops_at_the_first_nul() {
+        assert_eq!(comm_to_string(b"bash\0\0\0garbage"), "bash");
+        assert_eq!(comm_to_string(b"exactly16chars!!"), "exactly16chars!!");
+    }
+}

@@ -1,0 +1,117 @@
+//! The report model: one structure that every dimension adds its tables and recommendations
+//! to, rendered as report.md and serialized as report.json.
+
+mod hotspots;
+mod recommend;
+
+use serde::Serialize;
+
+pub use self::{
+    hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
+    recommend::cpu_recommendations,
+};
+use crate::{
+    config::SampleEvent,
+    probes::{AttachedProbe, DetachReport, ProgramCost},
+};
+
+/// Everything a run found, in the order the report presents it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub sysprof_version: String,
+    pub run: RunSummary,
+    /// On-CPU samples per process, largest first.
+    pub processes: Vec<ProcessShare>,
+    /// Functions by self share of on-CPU samples.
+    pub hotspots: Vec<Hotspot>,
+    /// Ranked by expected impact, largest first.
+    pub recommendations: Vec<Recommendation>,
+    pub overhead: Overhead,
+    /// What sysprof could not see, and why.
+    pub limitations: Vec<String>,
+    /// Part B: what was instrumented, and proof it was removed.
+    pub instrumentation: Instrumentation,
+}
+
+/// What was traced, for how long, and what was collected and lost.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub target: String,
+    pub command: Option<Vec<String>>,
+    /// Wall-clock start, RFC 3339.
+    pub started_at: String,
+    pub duration_s: f64,
+    /// Why the trace ended: "duration", "interrupted", "command exited", ...
+    pub ended_by: String,
+    /// How `-- CMD` ended, when there was one ("exit status 0", "killed by SIGSEGV").
+    pub command_status: Option<String>,
+    pub event: SampleEvent,
+    pub frequency_hz: u64,
+    pub cpus: u32,
+    /// Share of all CPUs' time that was busy during the trace, machine-wide (/proc/stat).
+    pub machine_busy_share: Option<f64>,
+    pub samples: u64,
+    pub lost: Lost,
+    /// Files written, relative to the output directory.
+    pub outputs: Vec<String>,
+}
+
+/// Events the kernel side could not keep.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Lost {
+    /// Samples dropped because the sample map was full.
+    pub samples: u64,
+    /// Samples whose user stack was dropped (stack map full or collision).
+    pub user_stacks: u64,
+    /// Samples whose kernel stack was dropped.
+    pub kernel_stacks: u64,
+    /// Process events dropped because the ring buffer was full.
+    pub process_events: u64,
+    /// Child processes not followed because the target set was full.
+    pub processes_not_followed: u64,
+}
+
+impl Lost {
+    pub fn total(&self) -> u64 {
+        self.samples
+            + self.user_stacks
+            + self.kernel_stacks
+            + self.process_events
+            + self.processes_not_followed
+    }
+}
+
+/// One recommendation: the figure behind it and what to do.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Recommendation {
+    /// Share of the measured time the change could win back (0 to 1): the ranking key.
+    pub impact: f64,
+    pub title: String,
+    /// The measured figure that supports it.
+    pub evidence: String,
+    pub action: String,
+}
+
+/// sysprof's own cost during the run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Overhead {
+    pub programs: Vec<ProgramCost>,
+    /// Time spent in sysprof's BPF programs, all CPUs together.
+    pub bpf_time_ns: u64,
+    /// That time as a share of the CPU time available during the run (duration x CPUs).
+    pub bpf_cpu_share: f64,
+    /// CPU time of the sysprof process itself (user + system).
+    pub sysprof_cpu_s: f64,
+    pub sysprof_peak_rss_kib: u64,
+    /// False where the kernel refused to keep BPF run-time statistics.
+    pub bpf_stats_available: bool,
+}
+
+/// Part B: the changelog of what sysprof did to the system.
+#[derive(Clone, Debug, Serialize)]
+pub struct Instrumentation {
+    /// Files sysprof modified on the target: always none (eBPF attaches without touching them).
+    pub files_modified: Vec<String>,
+    pub probes: Vec<AttachedProbe>,
+    pub detach: DetachReport,
+}

@@ -1,0 +1,281 @@
+//! The symbolize stage: instruction addresses to function names, with blazesym.
+//!
+//! Kernel addresses resolve through kallsyms. User addresses resolve through the process's
+//! mapping snapshot (see `procmaps`): each address becomes a file offset in an ELF file, so a
+//! process that exited during the trace symbolizes like a live one. Anonymous executable memory
+//! resolves through the runtime's perf map (/tmp/perf-PID.map: `python -X perf`, node
+//! `--perf-basic-prof`, the JVM with perf-map-agent). What cannot be resolved keeps its module
+//! and offset, so no frame vanishes.
+
+use std::{collections::HashMap, path::PathBuf};
+
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer as Blazesym,
+    source::{Elf, Kernel, Source},
+};
+use serde::Serialize;
+
+use crate::procmaps::{Backing, Mapping, ProcessMaps};
+
+/// One frame of a symbolized stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Frame {
+    /// Demangled function name, or `[unknown] module+0xoffset`.
+    pub function: String,
+    /// File name of the binary or library, `[kernel]` for kernel frames.
+    pub module: String,
+}
+
+impl Frame {
+    pub const KERNEL_MODULE: &'static str = "[kernel]";
+
+    fn unknown(module: &str, offset: u64) -> Self {
+        Frame { function: format!("[unknown] {module}+{offset:#x}"), module: module.to_string() }
+    }
+
+    pub fn is_kernel(&self) -> bool {
+        self.module == Self::KERNEL_MODULE
+    }
+}
+
+/// Frames for one address: the function, then the functions inlined into it at that address,
+/// outermost first.
+pub type Frames = Vec<Frame>;
+
+/// Resolves addresses to frames, caching per file and per kernel address.
+pub struct Symbolizer {
+    blazesym: Blazesym,
+    kernel: HashMap<u64, Frames>,
+    perf_maps: HashMap<u32, Option<PerfMap>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        let blazesym = Blazesym::builder()
+            .enable_demangling(true)
+            .enable_inlined_fns(true)
+            .enable_code_info(false)
+            .build();
+        Symbolizer { blazesym, kernel: HashMap::new(), perf_maps: HashMap::new() }
+    }
+
+    /// Kernel addresses to frames.
+    pub fn kernel(&mut self, addrs: &[u64]) -> HashMap<u64, Frames> {
+        let missing: Vec<u64> = addrs.iter().copied().filter(|a| !self.kernel.contains_key(a)).collect();
+        if !missing.is_empty() {
+            let source = Source::Kernel(Kernel {
+                // A vmlinux with DWARF is rarely installed and slow to parse; kallsyms names
+                // every function.
+                vmlinux: blazesym::MaybeDefault::None,
+                ..Kernel::default()
+            });
+            let resolved = self.blazesym.symbolize(&source, Input::AbsAddr(&missing));
+            for (index, &addr) in missing.iter().enumerate() {
+                let frames = match &resolved {
+                    Ok(symbols) => frames_of(&symbols[index], Frame::KERNEL_MODULE)
+                        .unwrap_or_else(|| vec![Frame::unknown(Frame::KERNEL_MODULE, addr)]),
+                    Err(_) => vec![Frame::unknown(Frame::KERNEL_MODULE, addr)],
+                };
+                self.kernel.insert(addr, frames);
+            }
+        }
+        addrs.iter().map(|addr| (*addr, self.kernel[addr].clone())).collect()
+    }
+
+    /// User addresses of process `pid` to frames, through its mapping snapshot.
+    pub fn user(&mut self, pid: u32, maps: Option<&ProcessMaps>, addrs: &[u64]) -> HashMap<u64, Frames> {
+        let mut result = HashMap::with_capacity(addrs.len());
+        let Some(maps) = maps else {
+            for &addr in addrs {
+                result.insert(addr, vec![Frame::unknown("[unknown]", addr)]);
+            }
+            return result;
+        };
+        // Batch by mapping: one blazesym call per file.
+        let mut by_mapping: HashMap<u64, (&Mapping, Vec<u64>)> = HashMap::new();
+        for &addr in addrs {
+            match maps.find(addr) {
+                Some(mapping) => {
+                    by_mapping.entry(mapping.start).or_insert((mapping, Vec::new())).1.push(addr)
+                }
+                None => {
+                    result.insert(addr, vec![Frame::unknown("[unmapped]", addr)]);
+                }
+            }
+        }
+        for (mapping, addrs) in by_mapping.into_values() {
+            let module = mapping.module_name();
+            match &mapping.backing {
+                Backing::File { open, .. } => {
+                    self.symbolize_file(open.clone(), mapping, &module, &addrs, &mut result)
+                }
+                Backing::Anonymous => {
+                    let perf_map = self.perf_maps.entry(pid).or_insert_with(|| PerfMap::read(pid));
+                    for &addr in &addrs {
+                        let frame = perf_map
+                            .as_ref()
+                            .and_then(|map| map.find(addr))
+                            .map(|name| Frame { function: name.to_string(), module: "[jit]".into() })
+                            .unwrap_or_else(|| Frame::unknown(&module, mapping.file_offset_of(addr)));
+                        result.insert(addr, vec![frame]);
+                    }
+                }
+                Backing::Vdso | Backing::Other(_) => {
+                    for &addr in &addrs {
+                        result.insert(addr, vec![Frame::unknown(&module, addr - mapping.start)]);
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    fn symbolize_file(
+        &self,
+        path: PathBuf,
+        mapping: &Mapping,
+        module: &str,
+        addrs: &[u64],
+        result: &mut HashMap<u64, Frames>,
+    ) {
+        let offsets: Vec<u64> = addrs.iter().map(|&addr| mapping.file_offset_of(addr)).collect();
+        let source = Source::Elf(Elf::new(path));
+        let resolved = self.blazesym.symbolize(&source, Input::FileOffset(&offsets));
+        for (index, &addr) in addrs.iter().enumerate() {
+            let frames = match &resolved {
+                Ok(symbols) => frames_of(&symbols[index], module),
+                Err(_) => None,
+            };
+            result.insert(addr, frames.unwrap_or_else(|| vec![Frame::unknown(module, offsets[index])]));
+        }
+    }
+}
+
+/// The function and its inlined callees for one resolved symbol, outermost first.
+fn frames_of(symbolized: &Symbolized<'_>, module: &str) -> Option<Frames> {
+    let Symbolized::Sym(sym) = symbolized else {
+        return None;
+    };
+    let module = if module == Frame::KERNEL_MODULE {
+        // Kernel module symbols carry their module name ("[nf_tables]" style in kallsyms).
+        sym.module
+            .as_ref()
+            .map(|m| m.to_string_lossy().into_owned())
+            .filter(|m| !m.is_empty() && !m.contains('/'))
+            .map(|m| format!("[{m}]"))
+            .unwrap_or_else(|| Frame::KERNEL_MODULE.to_string())
+    } else {
+        module.to_string()
+    };
+    let mut frames = vec![Frame { function: sym.name.to_string(), module: module.clone() }];
+    frames.extend(
+        sym.inlined
+            .iter()
+            .map(|inlined| Frame { function: inlined.name.to_string(), module: module.clone() }),
+    );
+    Some(frames)
+}
+
+/// A JIT's symbol file: `START SIZE NAME` per line, hexadecimal.
+struct PerfMap {
+    /// (start, end, name), sorted by start.
+    symbols: Vec<(u64, u64, String)>,
+}
+
+impl PerfMap {
+    fn read(pid: u32) -> Option<Self> {
+        let text = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).ok()?;
+        Some(Self::parse(&text))
+    }
+
+    fn parse(text: &str) -> Self {
+        let mut symbols: Vec<(u64, u64, String)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.splitn(3, ' ');
+                let start = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
+                let size = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
+                let name = parts.next()?.trim().to_string();
+                Some((start, start + size, name))
+            })
+            .collect();
+        symbols.sort_by_key(|(start, ..)| *start);
+        PerfMap { symbols }
+    }
+
+    fn find(&self, addr: u64) -> Option<&str> {
+        let index = self.symbols.partition_point(|(start, ..)| *start <= addr);
+        let (_, end, name) = self.symbols.get(index.checked_sub(1)?)?;
+        (addr < *end).then_some(name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    #[unsafe(no_mangle)]
+    extern "C" fn sysprof_symbolize_test_marker() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn symbolizes_a_function_of_this_process_by_file_offset() {
+        let pid = std::process::id();
+        let maps = ProcessMaps::read(pid).unwrap();
+        let addr = sysprof_symbolize_test_marker as *const () as u64;
+        let frames = Symbolizer::new().user(pid, Some(&maps), &[addr]);
+        let frame = &frames[&addr][0];
+        assert_eq!(frame.function, "sysprof_symbolize_test_marker");
+        assert!(frame.module.starts_with("sysprof-"), "module {}", frame.module);
+    }
+
+    #[test]
+    fn unknown_addresses_keep_their_module() {
+        let maps = ProcessMaps::from_mappings(vec![Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            file_offset: 0,
+            backing: Backing::File {
+                path: "/nonexistent/libfoo.so".into(),
+                open: "/nonexistent/libfoo.so".into(),
+            },
+        }]);
+        let frames = Symbolizer::new().user(1, Some(&maps), &[0x1234, 0x9000]);
+        assert_eq!(frames[&0x1234][0].function, "[unknown] libfoo.so+0x234");
+        assert_eq!(frames[&0x9000][0].function, "[unknown] [unmapped]+0x9000");
+    }
+
+    #[test]
+    fn perf_maps_name_jit_code() {
+        let map = PerfMap::parse("7f0000001000 40 py::busy:/app/x.py\n7f0000002000 0x10 other\n");
+        assert_eq!(map.find(0x7f0000001000), Some("py::busy:/app/x.py"));
+        assert_eq!(map.find(0x7f000000103f), Some("py::busy:/app/x.py"));
+        assert_eq!(map.find(0x7f0000001040), None);
+        assert_eq!(map.find(0x7f000000200f), Some("other"));
+    }
+
+    #[test]
+    fn kernel_addresses_resolve_through_kallsyms() {
+        let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        // Addresses read as zero without root (kptr_restrict): nothing to check then.
+        let Some(addr) = kallsyms.lines().find_map(|line| {
+            let mut parts = line.split_whitespace();
+            let addr = u64::from_str_radix(parts.next()?, 16).ok()?;
+            let _kind = parts.next()?;
+            (parts.next()? == "schedule" && addr != 0).then_some(addr)
+        }) else {
+            return;
+        };
+        let frames = Symbolizer::new().kernel(&[addr]);
+        assert_eq!(frames[&addr][0].function, "schedule");
+        assert!(frames[&addr][0].is_kernel());
+    }
+}

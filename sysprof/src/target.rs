@@ -1,0 +1,224 @@
+//! Resolves a [`Target`] against the running system: pids that exist, processes by name, a
+//! cgroup v2 directory (or a systemd unit's) with the id and depth the kernel filter needs.
+
+use std::{
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use sysprof_common::{TASK_COMM_LEN, filter};
+
+use crate::{config::Target, error::Error};
+
+/// Where cgroup v2 is mounted on every systemd system.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// statfs magic of cgroup2.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// A target as the kernel programs filter it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedTarget {
+    /// One of `sysprof_common::filter`.
+    pub filter: u32,
+    /// Processes that are part of the target from the start.
+    pub pids: Vec<u32>,
+    /// `--comm`: NUL-padded name the exec program matches.
+    pub comm: [u8; TASK_COMM_LEN],
+    /// `--cgroup`/`--unit`: cgroup id and its depth below the root.
+    pub cgroup: Option<(u64, u32)>,
+    /// One-line notes for the user (a name longer than the kernel keeps, no match yet, ...).
+    pub notes: Vec<String>,
+}
+
+impl ResolvedTarget {
+    fn new(filter: u32) -> Self {
+        ResolvedTarget { filter, pids: Vec::new(), comm: [0; TASK_COMM_LEN], cgroup: None, notes: Vec::new() }
+    }
+}
+
+/// Checks the target exists and turns it into the kernel filter.
+pub fn resolve(target: &Target) -> Result<ResolvedTarget, Error> {
+    match target {
+        Target::All => Ok(ResolvedTarget::new(filter::ALL)),
+        Target::Command(_) => Ok(ResolvedTarget::new(filter::TARGETS)),
+        Target::Pids(pids) => {
+            for &pid in pids {
+                if !process_exists(pid) {
+                    return Err(Error::NoSuchProcess(pid));
+                }
+            }
+            let mut resolved = ResolvedTarget::new(filter::TARGETS);
+            resolved.pids = pids.clone();
+            Ok(resolved)
+        }
+        Target::Comm(name) => Ok(resolve_comm(name)),
+        Target::Cgroup(path) => resolve_cgroup(path),
+        Target::Unit(unit) => {
+            let path = find_unit_cgroup(unit)?;
+            resolve_cgroup(&path)
+        }
+    }
+}
+
+pub fn process_exists(pid: u32) -> bool {
+    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Whether `pid` still runs: exists and is not a zombie waiting for its parent.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesized name, which may itself contain ") ".
+    let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
+fn resolve_comm(name: &str) -> ResolvedTarget {
+    let mut resolved = ResolvedTarget::new(filter::TARGETS);
+    // The kernel keeps 15 bytes of a task name.
+    let kept = &name.as_bytes()[..name.len().min(TASK_COMM_LEN - 1)];
+    if kept.len() < name.len() {
+        resolved.notes.push(format!(
+            "the kernel keeps 15 characters of a process name: matching {:?}",
+            String::from_utf8_lossy(kept)
+        ));
+    }
+    resolved.comm[..kept.len()].copy_from_slice(kept);
+    resolved.pids = pids_named(kept);
+    if resolved.pids.is_empty() {
+        resolved.notes.push(format!("no process named {name} is running yet: waiting for one to start"));
+    }
+    resolved
+}
+
+/// Pids whose /proc/PID/comm is exactly `name`.
+fn pids_named(name: &[u8]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.strip_suffix(b"\n").unwrap_or(&comm) == name)
+        })
+        .filter(|&pid| pid != std::process::id())
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+fn resolve_cgroup(path: &Path) -> Result<ResolvedTarget, Error> {
+    let root = Path::new(CGROUP_ROOT);
+    if !is_cgroup2(root) {
+        return Err(Error::NoCgroupV2);
+    }
+    let full = if path.is_absolute() { path.to_path_buf() } else { root.join(path) };
+    let full = full.canonicalize().map_err(|_| Error::NoSuchCgroup(full.clone()))?;
+    let relative = full.strip_prefix(root).map_err(|_| Error::NoSuchCgroup(full.clone()))?;
+    if !full.join("cgroup.procs").exists() {
+        return Err(Error::NoSuchCgroup(full));
+    }
+    let id = std::fs::metadata(&full).map_err(|_| Error::NoSuchCgroup(full.clone()))?.ino();
+    let level = relative.components().count() as u32;
+    let mut resolved = ResolvedTarget::new(filter::CGROUP);
+    resolved.cgroup = Some((id, level));
+    resolved.pids = cgroup_pids(&full);
+    Ok(resolved)
+}
+
+fn is_cgroup2(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|fs| fs.filesystem_type().0 == CGROUP2_SUPER_MAGIC)
+}
+
+/// Processes in a cgroup and its descendants now (for symbolizing them from the start).
+fn cgroup_pids(dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            pids.extend(procs.lines().filter_map(|line| line.trim().parse::<u32>().ok()));
+        }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            pending.extend(entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// The cgroup of a systemd unit: systemd names the directory after the unit, under a slice.
+fn find_unit_cgroup(unit: &str) -> Result<PathBuf, Error> {
+    let unit = if unit.contains('.') { unit.to_string() } else { format!("{unit}.service") };
+    let root = Path::new(CGROUP_ROOT);
+    if !is_cgroup2(root) {
+        return Err(Error::NoCgroupV2);
+    }
+    // Breadth first, a few levels deep: system.slice/x.service, user.slice/user-1000.slice/...
+    let mut level = vec![root.to_path_buf()];
+    for _ in 0..5 {
+        let mut next = Vec::new();
+        for dir in level {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.filter_map(Result::ok) {
+                let path = entry.path();
+                if !path.is_dir() {
+                    continue;
+                }
+                if entry.file_name().to_str() == Some(unit.as_str()) {
+                    return Ok(path);
+                }
+                next.push(path);
+            }
+        }
+        level = next;
+    }
+    Err(Error::NoSuchUnit(unit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pids_must_exist() {
+        let me = std::process::id();
+        let resolved = resolve(&Target::Pids(vec![me])).unwrap();
+        assert_eq!(resolved.pids, vec![me]);
+        assert_eq!(resolved.filter, filter::TARGETS);
+        let missing = resolve(&Target::Pids(vec![me, 4_000_000])).unwrap_err();
+        assert_eq!(missing.to_string(), "no process with pid 4000000: check it with `ps -p 4000000`");
+    }
+
+    #[test]
+    fn long_names_are_cut_as_the_kernel_cuts_them() {
+        let resolved = resolve(&Target::Comm("a-very-long-process-name".into())).unwrap();
+        assert_eq!(&resolved.comm[..15], b"a-very-long-pro");
+        assert_eq!(resolved.comm[15], 0);
+        assert!(resolved.notes[0].contains("15 characters"), "{:?}", resolved.notes);
+    }
+
+    #[test]
+    fn missing_cgroups_and_units_say_so() {
+        if !is_cgroup2(Path::new(CGROUP_ROOT)) {
+            return;
+        }
+        let error = resolve(&Target::Cgroup("no/such/group".into())).unwrap_err();
+        assert!(error.to_string().starts_with("no cgroup v2 at /sys/fs/cgroup/no/such/group"), "{error}");
+        let error = resolve(&Target::Unit("sysprof-no-such-unit".into())).unwrap_err();
+        assert!(error.to_string().contains("sysprof-no-such-unit.service"), "{error}");
+    }
+
+    #[test]
+    fn the_root_cgroup_is_level_zero() {
+        if !is_cgroup2(Path::new(CGROUP_ROOT)) {
+            return;
+        }
+        let resolved = resolve(&Target::Cgroup(CGROUP_ROOT.into())).unwrap();
+        let (_, level) = resolved.cgroup.unwrap();
+        assert_eq!(level, 0);
+        assert!(resolved.pids.contains(&std::process::id()));
+    }
+}

@@ -1,0 +1,364 @@
+//! One `sysprof trace`, start to report: preflight -> load/attach -> collect -> aggregate ->
+//! symbolize -> write. Whatever ends the trace (duration, Ctrl-C, SIGTERM, the command's or the
+//! targets' exit), the probes are detached and everything collected is written.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::Context as _;
+use sysprof_common::{Config, Counter, filter};
+
+use crate::{
+    btf::{self, TaskOffsets},
+    collect::{self, EndReason, Signals, StatusLine, StopPlan},
+    config::{Family, Target, TraceConfig},
+    cpustat::CpuTicks,
+    error::Error,
+    launch::{self, GatedChild},
+    output::{Artifact, OutputDir, thousands},
+    privileges,
+    probes::{Counters, Probes},
+    procs::ProcessTable,
+    profile::{self, StackProfile},
+    report::{self, Instrumentation, Lost, Report, RunSummary},
+    selfcost,
+    symbolize::Symbolizer,
+    target::{self, ResolvedTarget},
+};
+
+/// How a trace ended, for the caller and the exit code.
+#[derive(Clone, Debug)]
+pub struct TraceOutcome {
+    /// 0, or the command's exit code for `-- CMD` (128 + signal when it was killed).
+    pub exit_code: u8,
+    pub output_dir: PathBuf,
+    /// Files written, relative to `output_dir`.
+    pub files: Vec<String>,
+    pub samples: u64,
+    pub lost: u64,
+}
+
+/// Number of hotspot rows in the report.
+const HOTSPOTS: usize = 25;
+
+/// Runs one trace as configured and writes its results.
+pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async {
+        // First of all: from here on Ctrl-C and SIGTERM end the trace instead of killing
+        // sysprof, even one that arrives while the probes are being attached.
+        let signals = Signals::register()?;
+        preflight_and_run(config, signals).await
+    })
+}
+
+async fn preflight_and_run(config: TraceConfig, signals: Signals) -> anyhow::Result<TraceOutcome> {
+    // Preflight: everything that can be wrong is found before any probe is attached.
+    if !privileges::can_trace() {
+        return Err(Error::NotPrivileged.into());
+    }
+    let output = OutputDir::prepare(&config.output_dir, config.invoking_user.clone())?;
+    let resolved = target::resolve(&config.target)?;
+    let say = |line: &str| {
+        if !config.quiet {
+            eprintln!("sysprof: {line}");
+        }
+    };
+    for note in &resolved.notes {
+        say(note);
+    }
+    let mut limitations = Vec::new();
+    let offsets = match TaskOffsets::from_btf(&btf::vmlinux_btf_path()) {
+        Ok(offsets) => Some(offsets),
+        Err(error) => {
+            let line = format!(
+                "kernel BTF not available ({error:#}): child processes started during the trace are not \
+                 followed; a kernel with CONFIG_DEBUG_INFO_BTF=y fixes this"
+            );
+            say(&line);
+            limitations.push(line);
+            None
+        }
+    };
+    let bpf_config = kernel_config(&resolved, offsets);
+    run(config, resolved, bpf_config, output, limitations, signals).await
+}
+
+/// The configuration baked into the BPF object.
+fn kernel_config(resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Config {
+    let offsets = offsets.unwrap_or_default();
+    let (cgroup_id, cgroup_level) = resolved.cgroup.unwrap_or((0, 0));
+    Config {
+        filter: resolved.filter,
+        cgroup_level,
+        cgroup_id,
+        task_pid_offset: offsets.pid,
+        task_tgid_offset: offsets.tgid,
+        comm: resolved.comm,
+    }
+}
+
+async fn run(
+    config: TraceConfig,
+    resolved: ResolvedTarget,
+    bpf_config: Config,
+    output: OutputDir,
+    limitations: Vec<String>,
+    mut signals: Signals,
+) -> anyhow::Result<TraceOutcome> {
+    let started_at = SystemTime::now();
+
+    // Load/attach.
+    let mut probes = Probes::load(&bpf_config, config.stack_storage_size)?;
+    if resolved.filter == filter::TARGETS {
+        for &pid in &resolved.pids {
+            probes.add_target_process(pid)?;
+        }
+    }
+    let gated = match &config.target {
+        Target::Command(argv) => {
+            let run_as = config.invoking_user.as_ref().filter(|_| !config.command_as_root);
+            let gated = GatedChild::spawn(argv, run_as)?;
+            probes.add_target_process(gated.pid())?;
+            Some(gated)
+        }
+        _ => None,
+    };
+    if config.wants(Family::Cpu) {
+        probes.attach_cpu_sampling(config.event, config.frequency_hz)?;
+    }
+    probes.attach_process_tracking()?;
+    let events = probes.take_process_events()?;
+
+    let mut processes = ProcessTable::new();
+    for &pid in &resolved.pids {
+        processes.observe_existing(pid);
+    }
+    let ticks_at_start = CpuTicks::now();
+    let command_exit = match gated {
+        Some(gated) => Some(collect::watch_child(gated.release()?)),
+        None => None,
+    };
+    if resolved.filter == filter::ALL {
+        // Processes that exit during a system-wide trace are symbolized from these.
+        for pid in all_pids() {
+            processes.observe_existing(pid);
+        }
+    }
+
+    // Collect.
+    if !config.quiet {
+        eprintln!(
+            "sysprof: tracing {} ({} Hz{}); Ctrl-C to stop",
+            config.target,
+            config.frequency_hz,
+            match config.duration {
+                Some(duration) => format!(", for {}", humantime::format_duration(duration)),
+                None => String::new(),
+            }
+        );
+    }
+    let status = StatusLine::new(config.quiet);
+    let plan = StopPlan {
+        duration: config.duration,
+        command_exit,
+        stop_when_targets_exit: matches!(config.target, Target::Pids(_)),
+    };
+    let is_command = plan.command_exit.is_some();
+    let (ended_by, elapsed) =
+        collect::collect(&probes, events, &mut processes, plan, &mut signals, &status).await?;
+    status.finish();
+    let machine_busy_share =
+        ticks_at_start.zip(CpuTicks::now()).and_then(|(start, end)| start.busy_share_until(&end));
+    if !config.quiet {
+        let line = match &ended_by {
+            EndReason::Signal(name) => Some(format!("{name}: ending the trace")),
+            EndReason::TargetsExited => Some("every target process exited: ending the trace".into()),
+            _ => None,
+        };
+        if let Some(line) = line {
+            eprintln!("sysprof: {line} after {:.1} s; writing what was collected", elapsed.as_secs_f64());
+        }
+    }
+
+    // A second Ctrl-C (or SIGTERM) leaves at once; the kernel drops the probes with the process.
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = signals.interrupt.recv() => {}
+            _ = signals.terminate.recv() => {}
+        }
+        eprintln!("sysprof: interrupted again: exiting without writing the results");
+        std::process::exit(130);
+    });
+
+    let finish = Finish {
+        config,
+        probes,
+        processes,
+        output,
+        limitations,
+        started_at,
+        ended_by,
+        elapsed,
+        is_command,
+        machine_busy_share,
+    };
+    tokio::task::spawn_blocking(move || finish.run()).await.context("writing the results")?
+}
+
+/// Everything the stages after collection need.
+struct Finish {
+    config: TraceConfig,
+    probes: Probes,
+    processes: ProcessTable,
+    output: OutputDir,
+    limitations: Vec<String>,
+    started_at: SystemTime,
+    ended_by: EndReason,
+    elapsed: Duration,
+    is_command: bool,
+    machine_busy_share: Option<f64>,
+}
+
+impl Finish {
+    fn run(self) -> anyhow::Result<TraceOutcome> {
+        let Finish {
+            config,
+            probes,
+            mut processes,
+            output,
+            mut limitations,
+            started_at,
+            ended_by,
+            elapsed,
+            is_command,
+            machine_busy_share,
+        } = self;
+        // Read everything out of the kernel, then detach before the slow stages.
+        let counters = probes.counters()?;
+        let samples = probes.cpu_samples()?;
+        let costs = probes.costs();
+        let stats_available = probes.stats_available();
+        let attached = probes.attached().to_vec();
+        let detach = probes.detach();
+        processes.final_scan();
+
+        // Aggregate and symbolize.
+        let mut symbolizer = Symbolizer::new();
+        let cpu = profile::cpu_profile(&samples, &mut processes, &mut symbolizer);
+
+        // Write.
+        let title = format!("sysprof on-CPU: {}", config.target);
+        let mut files = Vec::new();
+        if config.wants(Family::Cpu) {
+            files.extend(output.write(&Artifact::Stacks { name: "cpu", title: &title, profile: &cpu })?);
+        }
+        files.extend(["report.md".to_string(), "report.json".to_string()]);
+
+        let (command_status, exit_code) = match &ended_by {
+            EndReason::CommandExited(status) => {
+                let (text, code) = launch::describe_exit(*status);
+                (Some(text), code)
+            }
+            _ if is_command => (Some("still running when the trace ended".to_string()), 0),
+            _ => (None, 0),
+        };
+        let lost = lost(&counters);
+        if lost.total() > 0 {
+            limitations.push(format!(
+                "{} events were lost in the kernel (see Lost above): the shares are computed from what was kept",
+                thousands(lost.total())
+            ));
+        }
+        let cpus = aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1);
+        let hotspots = report::hotspots(&cpu, HOTSPOTS);
+        let report = Report {
+            sysprof_version: env!("CARGO_PKG_VERSION").into(),
+            run: RunSummary {
+                target: config.target.to_string(),
+                command: match &config.target {
+                    Target::Command(argv) => {
+                        Some(argv.iter().map(|a| a.to_string_lossy().into_owned()).collect())
+                    }
+                    _ => None,
+                },
+                started_at: humantime::format_rfc3339_seconds(started_at).to_string(),
+                duration_s: elapsed.as_secs_f64(),
+                ended_by: ended_by.describe(),
+                command_status: command_status.clone(),
+                event: config.event,
+                frequency_hz: config.frequency_hz,
+                cpus,
+                machine_busy_share,
+                samples: counters.get(Counter::CpuSamples),
+                lost: lost.clone(),
+                outputs: files.clone(),
+            },
+            processes: report::process_shares(&cpu),
+            recommendations: report::cpu_recommendations(&cpu, &hotspots),
+            hotspots,
+            overhead: selfcost::overhead(costs, stats_available, elapsed, cpus),
+            limitations,
+            instrumentation: Instrumentation { files_modified: Vec::new(), probes: attached, detach },
+        };
+        output.write(&Artifact::Report(&report))?;
+
+        if !config.quiet {
+            print_summary(&output, &files, &report, &cpu);
+        }
+        Ok(TraceOutcome {
+            exit_code,
+            output_dir: output.path().to_path_buf(),
+            files,
+            samples: report.run.samples,
+            lost: lost.total(),
+        })
+    }
+}
+
+fn lost(counters: &Counters) -> Lost {
+    Lost {
+        samples: counters.get(Counter::CpuSamplesLost),
+        user_stacks: counters.get(Counter::UserStacksLost),
+        kernel_stacks: counters.get(Counter::KernelStacksLost),
+        process_events: counters.get(Counter::ProcessEventsLost),
+        processes_not_followed: counters.get(Counter::TargetsFull),
+    }
+}
+
+fn print_summary(output: &OutputDir, files: &[String], report: &Report, cpu: &StackProfile) {
+    let dir = output.path().display();
+    if let Some(status) = &report.run.command_status {
+        eprintln!("sysprof: command: {status}");
+    }
+    let paths: Vec<String> = files.iter().map(|f| format!("{dir}/{f}")).collect();
+    eprintln!(
+        "Wrote {} ({} samples, {} lost).",
+        paths.join(", "),
+        thousands(report.run.samples),
+        thousands(report.run.lost.total())
+    );
+    if cpu.total() > 0 {
+        eprintln!(
+            "Open {dir}/cpu.svg in a browser; read {dir}/report.md for the hotspots and what to change first."
+        );
+    } else {
+        eprintln!(
+            "No on-CPU samples of the target: it did not run on a CPU while traced. See {dir}/report.md."
+        );
+    }
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok()).collect()
+        })
+        .unwrap_or_default()
+}

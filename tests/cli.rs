@@ -1,0 +1,180 @@
+//! The command line as a user meets it: help text (golden files), usage errors, `sysprof check`.
+
+mod support;
+
+use std::path::Path;
+
+use support::*;
+
+/// Compares `actual` with the golden file; `SYSPROF_BLESS=1` rewrites it instead. A missing
+/// golden file fails: they are only ever created on request.
+fn assert_golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden").join(name);
+    if std::env::var_os("SYSPROF_BLESS").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!("no golden file {}: run with SYSPROF_BLESS=1 to create it", path.display())
+    });
+    assert_eq!(actual, expected, "{name} changed: review, then SYSPROF_BLESS=1 to accept");
+}
+
+#[test]
+fn help_texts_match_their_golden_files() {
+    for (args, golden) in [(&["--help"][..], "help.txt"), (&["trace", "--help"][..], "trace-help.txt")] {
+        let out = run_sysprof(args);
+        assert!(out.status.success(), "{}", text(&out));
+        assert_golden(golden, &String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+#[test]
+fn trace_without_a_target_says_what_it_needs() {
+    let out = run_sysprof(&["trace"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("sysprof trace needs a target: --pid PID, --all"), "{stderr}");
+    assert!(stderr.contains("sudo sysprof trace -- ./train.py"), "examples follow: {stderr}");
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for args in [
+        &["trace", "--all", "--pid", "1"][..],
+        &["trace", "--all", "--freq", "0"],
+        &["trace", "--all", "-d", "soon"],
+    ] {
+        let out = run_sysprof(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+    }
+}
+
+#[test]
+fn check_reports_what_this_machine_can_do() {
+    let Some(_guard) = root_guard("check_reports_what_this_machine_can_do") else { return };
+    let out = run_sysprof(&["check"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "ok       kernel",
+        "ok       privileges",
+        "ok       BPF load",
+        "ok       perf events",
+        "ok       raw tracepoints",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
+    }
+    assert!(stdout.trim_end().ends_with("sysprof can trace here."), "{stdout}");
+    let json = run_sysprof(&["check", "--json"]);
+    let findings: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(findings.as_array().unwrap().iter().any(|f| f["name"] == "uprobes"));
+    assert_no_sysprof_programs();
+}
+
+#[test]
+fn through_sudo_the_command_runs_as_the_user_and_the_results_are_theirs() {
+    use std::os::unix::fs::MetadataExt as _;
+    let Some(_guard) = root_guard("through_sudo_the_command_runs_as_the_user_and_the_results_are_theirs")
+    else {
+        return;
+    };
+    let dir = output_dir();
+    for (extra, expected_uid) in [(None, "65534"), (Some("--as-root"), "0")] {
+        let out_dir = dir.path().join(expected_uid);
+        let out = sysprof()
+            .env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534")
+            .env("SUDO_USER", "nobody")
+            .args(["trace", "-q", "-o"])
+            .arg(&out_dir)
+            .args(extra)
+            .args(["--", "id", "-u"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected_uid, "{}", text(&out));
+        for file in ["", "report.md", "report.json", "cpu.folded", "cpu.svg"] {
+            let meta = std::fs::metadata(out_dir.join(file)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{file} belongs to the sudo user");
+        }
+    }
+}
+
+/// A report built by hand: the Markdown rendering of every section, pinned by a golden file.
+#[test]
+fn the_markdown_report_matches_its_golden_file() {
+    use sysprof::{
+        config::SampleEvent,
+        probes::{AttachedProbe, DetachReport, ProgramCost},
+        report::*,
+    };
+    let report = Report {
+        sysprof_version: "0.1.0".into(),
+        run: RunSummary {
+            target: "command `./busy 3`".into(),
+            command: Some(vec!["./busy".into(), "3".into()]),
+            started_at: "2026-11-30T03:39:21Z".into(),
+            duration_s: 3.004,
+            ended_by: "command exit".into(),
+            command_status: Some("exit status 0".into()),
+            event: SampleEvent::CpuClock,
+            frequency_hz: 99,
+            cpus: 2,
+            machine_busy_share: Some(0.52),
+            samples: 297,
+            lost: Lost { user_stacks: 2, ..Lost::default() },
+            outputs: vec!["cpu.folded".into(), "cpu.svg".into(), "report.md".into(), "report.json".into()],
+        },
+        processes: vec![ProcessShare { pid: 4242, name: "busy".into(), weight: 297, share: 1.0 }],
+        hotspots: vec![
+            Hotspot {
+                function: "burn_hot".into(),
+                module: "busy".into(),
+                self_weight: 229,
+                self_share: 229.0 / 297.0,
+                total_weight: 229,
+                total_share: 229.0 / 297.0,
+            },
+            Hotspot {
+                function: "main".into(),
+                module: "busy".into(),
+                self_weight: 0,
+                self_share: 0.0,
+                total_weight: 297,
+                total_share: 1.0,
+            },
+        ],
+        recommendations: vec![Recommendation {
+            impact: 0.77,
+            title: "Optimize burn_hot (busy)".into(),
+            evidence: "77.1% of on-CPU samples are in its own code".into(),
+            action: "Start here".into(),
+        }],
+        overhead: Overhead {
+            programs: vec![ProgramCost {
+                program: "cpu_sample".into(),
+                run_count: 594,
+                run_time_ns: 1_528_000,
+            }],
+            bpf_time_ns: 1_528_000,
+            bpf_cpu_share: 0.000254,
+            sysprof_cpu_s: 0.21,
+            sysprof_peak_rss_kib: 55904,
+            bpf_stats_available: true,
+        },
+        limitations: vec!["2 events were lost in the kernel".into()],
+        instrumentation: Instrumentation {
+            files_modified: vec![],
+            probes: vec![AttachedProbe {
+                program: "cpu_sample".into(),
+                kind: "perf_event".into(),
+                attached_to: "cpu-clock at 99 Hz on CPUs 0-1".into(),
+                links: 2,
+                program_id: 8,
+            }],
+            detach: DetachReport { programs: 1, still_loaded: vec![] },
+        },
+    };
+    assert_golden("report.md", &sysprof::output::render_markdown(&report));
+}

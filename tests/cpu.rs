@@ -1,0 +1,209 @@
+//! On-CPU profiling end to end: the real BPF object in the real kernel, a real workload whose
+//! shares are known (burn_hot 75%, burn_cold 25%), and what a user reads in the outputs.
+
+mod support;
+
+use std::{path::Path, process::Command, time::Duration};
+
+use support::*;
+
+/// Shares must be within this many points of the truth.
+const SHARE_TOLERANCE: f64 = 0.07;
+
+/// Checks cpu.folded, cpu.svg and report.json of a run over `busy`.
+fn assert_busy_profile(dir: &Path, frequency: f64, seconds: f64, threads: f64) {
+    let folded = read_folded(&dir.join("cpu.folded"));
+    let hot = self_weight(&folded, "burn_hot") as f64;
+    let cold = self_weight(&folded, "burn_cold") as f64;
+    let busy: u64 = folded.iter().filter(|(frames, _)| frames[0] == "busy").map(|(_, n)| n).sum();
+    assert!(hot + cold > 0.0, "no burn_* samples in {folded:?}");
+    let hot_share = hot / (hot + cold);
+    assert!(
+        (hot_share - 0.75).abs() <= SHARE_TOLERANCE,
+        "burn_hot share {hot_share:.3}, expected 0.75 ({folded:?})"
+    );
+    // The stacks are whole: main (or a thread's start routine) calls burn_for, which calls the
+    // burners.
+    for (frames, _) in
+        folded.iter().filter(|(frames, _)| frames.iter().any(|f| f == "burn_hot" || f == "burn_cold"))
+    {
+        let caller = frames.iter().position(|f| f == "burn_for");
+        let start = frames.iter().position(|f| f == "main" || f == "thread_main");
+        assert!(matches!((start, caller), (Some(s), Some(c)) if s < c), "broken stack {frames:?}");
+    }
+    let expected = frequency * seconds * threads;
+    let samples = busy as f64;
+    assert!(
+        samples >= expected * 0.8 && samples <= expected * 1.1,
+        "{samples} samples of busy, expected about {expected} ({frequency} Hz x {seconds} s x {threads} threads)"
+    );
+
+    let svg = std::fs::read_to_string(dir.join("cpu.svg")).unwrap();
+    assert!(
+        svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"),
+        "cpu.svg is not a whole SVG document"
+    );
+    assert!(svg.contains("burn_hot") && svg.contains("burn_cold"), "cpu.svg does not name the hot functions");
+
+    let report = read_report(dir);
+    assert_eq!(report["hotspots"][0]["function"], "burn_hot", "{:#}", report["hotspots"]);
+    assert_eq!(report["hotspots"][0]["module"], "busy");
+    assert_eq!(report["instrumentation"]["detach"]["still_loaded"], serde_json::json!([]));
+    assert!(report["instrumentation"]["files_modified"].as_array().unwrap().is_empty());
+    let markdown = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(markdown.contains("| `burn_hot` | busy |"), "report.md hotspots:\n{markdown}");
+    assert!(markdown.contains("## Part B: instrumentation changelog"));
+}
+
+#[test]
+fn profiles_a_command_to_its_end_with_true_shares() {
+    let Some(_guard) = root_guard("profiles_a_command_to_its_end_with_true_shares") else { return };
+    let busy = workload("busy");
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-F", "199", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(&busy)
+        .arg("3")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("command: exit status 0"), "{stderr}");
+    assert!(stderr.contains("cpu.svg in a browser"), "{stderr}");
+    assert_busy_profile(dir.path(), 199.0, 3.0, 1.0);
+    assert_no_sysprof_programs();
+}
+
+#[test]
+fn profiles_a_running_pid_for_a_duration() {
+    let Some(_guard) = root_guard("profiles_a_running_pid_for_a_duration") else { return };
+    let busy = Background::spawn(Command::new(workload("busy")).arg("20"));
+    std::thread::sleep(Duration::from_millis(100));
+    let dir = output_dir();
+    let pid = busy.pid().to_string();
+    let out = run_sysprof(&["trace", "--pid", &pid, "-d", "2", "-q", "-o", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.stderr.is_empty(), "--quiet printed: {}", text(&out));
+    assert_busy_profile(dir.path(), 99.0, 2.0, 1.0);
+    let report = read_report(dir.path());
+    assert_eq!(report["run"]["ended_by"], "duration");
+}
+
+#[test]
+fn counts_every_busy_thread() {
+    let Some(_guard) = root_guard("counts_every_busy_thread") else { return };
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(4);
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["2", &threads.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_busy_profile(dir.path(), 99.0, 2.0, threads as f64);
+}
+
+#[test]
+fn symbolizes_a_short_lived_child() {
+    let Some(_guard) = root_guard("symbolizes_a_short_lived_child") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "-F", "499", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["--spawn-child", "2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let folded = read_folded(&dir.path().join("cpu.folded"));
+    // The child ran 0.4 s in child_only_work, had exited long before the trace ended, and is
+    // symbolized from the maps read while it lived.
+    let child = self_weight(&folded, "child_only_work");
+    assert!(child >= 100, "child_only_work has {child} samples (expected ~200): {folded:?}");
+    assert!(
+        folded.iter().any(|(frames, _)| frames[0] == "busy"
+            && frames.iter().any(|f| f == "main")
+            && frames.last().unwrap() == "child_only_work"),
+        "child stacks are not whole: {folded:?}"
+    );
+}
+
+#[test]
+fn system_wide_sees_the_workload() {
+    let Some(_guard) = root_guard("system_wide_sees_the_workload") else { return };
+    let busy = Background::spawn(Command::new(workload("busy")).arg("20"));
+    std::thread::sleep(Duration::from_millis(100));
+    let dir = output_dir();
+    let out = run_sysprof(&["trace", "--all", "-d", "1.5", "-q", "-o", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let folded = read_folded(&dir.path().join("cpu.folded"));
+    let hot = self_weight(&folded, "burn_hot");
+    assert!(hot > 50, "burn_hot has {hot} samples system-wide: {folded:?}");
+    let report = read_report(dir.path());
+    // busy keeps one CPU busy: the machine was at least that busy.
+    let cpus = report["run"]["cpus"].as_f64().unwrap();
+    let busy_share = report["run"]["machine_busy_share"].as_f64().unwrap();
+    assert!(busy_share >= 0.9 / cpus && busy_share <= 1.0, "machine busy share {busy_share} on {cpus} CPUs");
+    let pid = busy.pid();
+    assert!(
+        report["processes"].as_array().unwrap().iter().any(|p| p["pid"] == pid && p["name"] == "busy"),
+        "busy (pid {pid}) missing from {:#}",
+        report["processes"]
+    );
+}
+
+#[test]
+fn follows_processes_by_name_including_new_ones() {
+    let Some(_guard) = root_guard("follows_processes_by_name_including_new_ones") else { return };
+    let dir = output_dir();
+    let mut trace =
+        sysprof().args(["trace", "--comm", "busy", "-d", "3", "-q", "-o"]).arg(dir.path()).spawn().unwrap();
+    // Started after the trace: matched at exec by its name.
+    std::thread::sleep(Duration::from_millis(800));
+    let busy = Command::new(workload("busy")).arg("1.5").status().unwrap();
+    assert!(busy.success());
+    assert!(trace.wait().unwrap().success());
+    let folded = read_folded(&dir.path().join("cpu.folded"));
+    assert!(self_weight(&folded, "burn_hot") > 50, "{folded:?}");
+    assert!(folded.iter().all(|(frames, _)| frames[0] == "busy"), "only busy is traced: {folded:?}");
+}
+
+#[test]
+fn profiles_a_cgroup() {
+    let Some(_guard) = root_guard("profiles_a_cgroup") else { return };
+    let root = Path::new("/sys/fs/cgroup");
+    if !root.join("cgroup.controllers").exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI machines have cgroup v2");
+        eprintln!("skipped profiles_a_cgroup: no cgroup v2");
+        return;
+    }
+    let group = root.join(format!("sysprof-test-{}", std::process::id()));
+    std::fs::create_dir(&group).unwrap();
+    let busy = Background::spawn(Command::new(workload("busy")).arg("20"));
+    std::fs::write(group.join("cgroup.procs"), busy.pid().to_string()).unwrap();
+    let other = Background::spawn(Command::new(workload("busy")).arg("20"));
+    let dir = output_dir();
+    let out = run_sysprof(&[
+        "trace",
+        "--cgroup",
+        group.to_str().unwrap(),
+        "-d",
+        "1.5",
+        "-q",
+        "-o",
+        dir.path().to_str().unwrap(),
+    ]);
+    drop((busy, other));
+    let _ = std::fs::remove_dir(&group);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    let processes = report["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 1, "only the process in the cgroup: {processes:#?}");
+    assert_eq!(processes[0]["name"], "busy");
+}

@@ -1,0 +1,147 @@
+//! Shared helpers for sysprof's integration tests: the binary, the test workloads, root gating,
+//! and readers for what a run writes.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::{Mutex, MutexGuard, OnceLock},
+    time::Duration,
+};
+
+/// The sysprof binary cargo built for these tests.
+pub fn sysprof() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sysprof"));
+    command.stdin(Stdio::null());
+    command
+}
+
+/// Runs sysprof with `args` and returns its output.
+pub fn run_sysprof(args: &[&str]) -> Output {
+    sysprof().args(args).output().expect("running sysprof")
+}
+
+/// Permission to run a test that loads BPF programs: a serializing guard (programs from two
+/// traces at once would skew CPU shares and the detach checks), or `None` when the test must
+/// skip. Outside CI a non-root run skips with one line; in CI (CI=true) a skip is a failure.
+pub fn root_guard(test: &str) -> Option<MutexGuard<'static, ()>> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        if std::env::var_os("CI").is_some_and(|v| v != "false" && v != "0") {
+            panic!("{test}: needs root, and CI must run every BPF test (run CI as root)");
+        }
+        eprintln!("skipped {test}: needs root to load BPF programs (run the tests with sudo)");
+        return None;
+    }
+    static LOCK: Mutex<()> = Mutex::new(());
+    Some(LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+/// Builds `tests/workloads/NAME.c` (once per test binary) with frame pointers and debug info.
+pub fn workload(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(path) = built.get(name) {
+        return path.clone();
+    }
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/workloads/{name}.c"));
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("workloads");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let binary = out_dir.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .unwrap_or_else(|e| panic!("running {cc} for {name}: {e}"));
+    assert!(status.success(), "building workload {name} failed");
+    built.insert(name.to_string(), binary.clone());
+    binary
+}
+
+/// A background process killed when dropped, so a failing test leaves nothing running.
+pub struct Background(pub Child);
+
+impl Background {
+    pub fn spawn(command: &mut Command) -> Self {
+        Background(command.stdout(Stdio::null()).spawn().expect("spawning background workload"))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A fresh output directory.
+pub fn output_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("sysprof-test-").tempdir().unwrap()
+}
+
+/// The lines of a folded-stack file as (frames, count).
+pub fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .map(|line| {
+            let (stack, count) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad folded line {line:?}"));
+            (stack.split(';').map(String::from).collect(), count.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Total weight of stacks whose innermost frame is `function`.
+pub fn self_weight(folded: &[(Vec<String>, u64)], function: &str) -> u64 {
+    folded.iter().filter(|(frames, _)| frames.last().is_some_and(|f| f == function)).map(|(_, n)| n).sum()
+}
+
+/// Total weight of stacks that contain `function` anywhere.
+pub fn total_weight(folded: &[(Vec<String>, u64)], function: &str) -> u64 {
+    folded.iter().filter(|(frames, _)| frames.iter().any(|f| f == function)).map(|(_, n)| n).sum()
+}
+
+/// Parses report.json.
+pub fn read_report(dir: &Path) -> serde_json::Value {
+    let path = dir.join("report.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Names of the BPF programs loaded in the kernel now (the kernel keeps 15 characters).
+pub fn loaded_program_names() -> Vec<String> {
+    aya::programs::loaded_programs().filter_map(|info| info.ok()?.name_as_str().map(String::from)).collect()
+}
+
+/// sysprof's program names, as the kernel lists them.
+pub const SYSPROF_PROGRAMS: [&str; 4] = ["cpu_sample", "process_fork", "process_exec", "process_exit"];
+
+/// Asserts no sysprof program is loaded (after a run has exited).
+pub fn assert_no_sysprof_programs() {
+    // The kernel frees programs shortly after the last reference goes.
+    for _ in 0..50 {
+        let names = loaded_program_names();
+        if !names.iter().any(|n| SYSPROF_PROGRAMS.contains(&n.as_str())) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("sysprof programs still loaded after exit: {:?}", loaded_program_names());
+}
+
+/// stdout and stderr as text, for assertion messages.
+pub fn text(output: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
