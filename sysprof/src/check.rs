@@ -68,12 +68,18 @@ pub fn findings() -> Vec<Finding> {
         "kprobe PMU present",
         "absent (not needed: sysprof uses tracepoints)",
     ));
-    findings.push(presence(
-        "cgroup v2",
-        nix::sys::statfs::statfs("/sys/fs/cgroup").is_ok_and(|fs| fs.filesystem_type().0 == 0x6367_7270),
-        "mounted at /sys/fs/cgroup (--cgroup, --unit work)",
-        "not mounted: --cgroup and --unit unavailable",
-    ));
+    findings.push(match crate::target::cgroup2_root() {
+        Ok(root) => Finding {
+            name: "cgroup v2",
+            status: "ok",
+            detail: format!("mounted at {} (--cgroup, --unit work)", root.display()),
+        },
+        Err(_) => Finding {
+            name: "cgroup v2",
+            status: "missing",
+            detail: "not mounted: --cgroup and --unit unavailable".into(),
+        },
+    });
     if privileges::can_trace() {
         findings.extend(bpf_findings());
     } else {

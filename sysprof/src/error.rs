@@ -28,12 +28,12 @@ pub enum Error {
     CommandNotRunnable { program: String, reason: String },
 
     /// `--cgroup` names no cgroup v2 directory.
-    #[error("no cgroup v2 at {}: list them with `ls /sys/fs/cgroup` or `systemd-cgls`", .0.display())]
+    #[error("no cgroup v2 at {}: list them with `systemd-cgls` or under the cgroup2 mount (`findmnt -t cgroup2`)", .0.display())]
     NoSuchCgroup(PathBuf),
 
     /// The cgroup v2 hierarchy is not mounted (cgroup v1 only).
     #[error(
-        "cgroup v2 is not mounted at /sys/fs/cgroup: --cgroup and --unit need the unified hierarchy (boot with systemd.unified_cgroup_hierarchy=1)"
+        "cgroup v2 is not mounted: --cgroup and --unit need it (`mount -t cgroup2 none /sys/fs/cgroup/unified`, or boot with systemd.unified_cgroup_hierarchy=1)"
     )]
     NoCgroupV2,
 

@@ -272,6 +272,11 @@ mod tests {
             let _kind = parts.next()?;
             (parts.next()? == "schedule" && addr != 0).then_some(addr)
         }) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "kallsyms hides addresses from non-root: CI runs as root"
+            );
+            eprintln!("skipped: kallsyms addresses need root");
             return;
         };
         let frames = Symbolizer::new().kernel(&[addr]);

@@ -10,11 +10,6 @@ use sysprof_common::{TASK_COMM_LEN, filter};
 
 use crate::{config::Target, error::Error};
 
-/// Where cgroup v2 is mounted on every systemd system.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-/// statfs magic of cgroup2.
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-
 /// A target as the kernel programs filter it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResolvedTarget {
@@ -109,14 +104,24 @@ fn pids_named(name: &[u8]) -> Vec<u32> {
     pids
 }
 
+/// Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup on unified systems,
+/// /sys/fs/cgroup/unified on hybrid ones, elsewhere by hand. The kernel's cgroup ids and levels
+/// count from its root.
+pub fn cgroup2_root() -> Result<PathBuf, Error> {
+    let mounts =
+        procfs::process::Process::myself().and_then(|me| me.mountinfo()).map_err(|_| Error::NoCgroupV2)?;
+    let mut roots: Vec<PathBuf> =
+        mounts.into_iter().filter(|m| m.fs_type == "cgroup2").map(|m| m.mount_point).collect();
+    // Bind mounts of subtrees (containers) appear too: the shortest path is the host's root.
+    roots.sort_by_key(|p| p.as_os_str().len());
+    roots.into_iter().next().ok_or(Error::NoCgroupV2)
+}
+
 fn resolve_cgroup(path: &Path) -> Result<ResolvedTarget, Error> {
-    let root = Path::new(CGROUP_ROOT);
-    if !is_cgroup2(root) {
-        return Err(Error::NoCgroupV2);
-    }
+    let root = cgroup2_root()?;
     let full = if path.is_absolute() { path.to_path_buf() } else { root.join(path) };
     let full = full.canonicalize().map_err(|_| Error::NoSuchCgroup(full.clone()))?;
-    let relative = full.strip_prefix(root).map_err(|_| Error::NoSuchCgroup(full.clone()))?;
+    let relative = full.strip_prefix(&root).map_err(|_| Error::NoSuchCgroup(full.clone()))?;
     if !full.join("cgroup.procs").exists() {
         return Err(Error::NoSuchCgroup(full));
     }
@@ -126,10 +131,6 @@ fn resolve_cgroup(path: &Path) -> Result<ResolvedTarget, Error> {
     resolved.cgroup = Some((id, level));
     resolved.pids = cgroup_pids(&full);
     Ok(resolved)
-}
-
-fn is_cgroup2(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|fs| fs.filesystem_type().0 == CGROUP2_SUPER_MAGIC)
 }
 
 /// Processes in a cgroup and its descendants now (for symbolizing them from the start).
@@ -152,12 +153,8 @@ fn cgroup_pids(dir: &Path) -> Vec<u32> {
 /// The cgroup of a systemd unit: systemd names the directory after the unit, under a slice.
 fn find_unit_cgroup(unit: &str) -> Result<PathBuf, Error> {
     let unit = if unit.contains('.') { unit.to_string() } else { format!("{unit}.service") };
-    let root = Path::new(CGROUP_ROOT);
-    if !is_cgroup2(root) {
-        return Err(Error::NoCgroupV2);
-    }
     // Breadth first, a few levels deep: system.slice/x.service, user.slice/user-1000.slice/...
-    let mut level = vec![root.to_path_buf()];
+    let mut level = vec![cgroup2_root()?];
     for _ in 0..5 {
         let mut next = Vec::new();
         for dir in level {
@@ -202,21 +199,18 @@ mod tests {
 
     #[test]
     fn missing_cgroups_and_units_say_so() {
-        if !is_cgroup2(Path::new(CGROUP_ROOT)) {
-            return;
-        }
+        let root = cgroup2_root().expect("cgroup v2 is mounted");
         let error = resolve(&Target::Cgroup("no/such/group".into())).unwrap_err();
-        assert!(error.to_string().starts_with("no cgroup v2 at /sys/fs/cgroup/no/such/group"), "{error}");
+        let expected = format!("no cgroup v2 at {}", root.join("no/such/group").display());
+        assert!(error.to_string().starts_with(&expected), "{error}");
         let error = resolve(&Target::Unit("sysprof-no-such-unit".into())).unwrap_err();
         assert!(error.to_string().contains("sysprof-no-such-unit.service"), "{error}");
     }
 
     #[test]
     fn the_root_cgroup_is_level_zero() {
-        if !is_cgroup2(Path::new(CGROUP_ROOT)) {
-            return;
-        }
-        let resolved = resolve(&Target::Cgroup(CGROUP_ROOT.into())).unwrap();
+        let root = cgroup2_root().expect("cgroup v2 is mounted");
+        let resolved = resolve(&Target::Cgroup(root)).unwrap();
         let (_, level) = resolved.cgroup.unwrap();
         assert_eq!(level, 0);
         assert!(resolved.pids.contains(&std::process::id()));
