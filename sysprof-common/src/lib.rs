@@ -23,6 +23,23 @@ pub mod names {
     pub const COUNTERS: &str = "COUNTERS";
     /// Ring buffer of [`crate::ProcessEvent`]s.
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
+    /// Hash: [`crate::SyscallKey`] -> [`crate::SyscallStats`].
+    pub const SYSCALLS: &str = "SYSCALLS";
+    /// Per-CPU array of one [`crate::SyscallSlot`].
+    pub const SYSCALL_SLOT: &str = "SYSCALL_SLOT";
+    /// Hash: [`crate::SyscallErrorKey`] -> count of failed calls.
+    pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
+    /// Hash: thread id -> [`crate::ThreadSched`].
+    pub const THREAD_SCHED: &str = "THREAD_SCHED";
+    /// Hash: tgid -> [`crate::LatencyHistogram`] of run-queue latency.
+    pub const RUNQ_LATENCY: &str = "RUNQ_LATENCY";
+    /// Hash: [`crate::OffCpuKey`] -> [`crate::OffCpuValue`].
+    pub const OFFCPU: &str = "OFFCPU";
+    /// Task local storage of the scheduler and syscall programs (kernel side only).
+    pub const TASK_STATE: &str = "TASK_STATE";
+    /// Array with one u64: bumped whenever the target set changes, so per-CPU caches of
+    /// "is this process a target" know to decide again.
+    pub const TARGETS_GENERATION: &str = "TARGETS_GENERATION";
 }
 
 /// Capacity of the maps, sized for a busy 64-CPU host profiled for minutes. Userspace may raise
@@ -36,6 +53,16 @@ pub mod capacity {
     pub const TARGETS: u32 = 16 * 1024;
     /// Bytes of the process-event ring buffer (a power of two, a multiple of the page size).
     pub const PROCESS_EVENTS: u32 = 256 * 1024;
+    /// Distinct (process, syscall) pairs.
+    pub const SYSCALLS: u32 = 16 * 1024;
+    /// Distinct (process, syscall, errno) triples.
+    pub const SYSCALL_ERRORS: u32 = 16 * 1024;
+    /// Threads with scheduler statistics.
+    pub const THREAD_SCHED: u32 = 32 * 1024;
+    /// Processes with a run-queue latency histogram.
+    pub const RUNQ_LATENCY: u32 = 4 * 1024;
+    /// Distinct (process, off-CPU stacks, state) keys.
+    pub const OFFCPU: u32 = 32 * 1024;
 }
 
 /// Which tasks the programs count.
@@ -66,6 +93,18 @@ pub struct Config {
     /// Process name that makes a process part of the target when it execs (`--comm`);
     /// all zero when unused.
     pub comm: [u8; TASK_COMM_LEN],
+    /// `bpf_ktime_get_ns` when the programs were loaded: on-CPU time of a thread already
+    /// running then is counted from here.
+    pub start_ns: u64,
+    /// Scheduler statistics and off-CPU stacks (`--focus sched`); when 0 the switch program
+    /// only parks in-flight syscalls (see `syscall_burst`).
+    pub sched_stats: u32,
+    /// Syscalls a thread may make in one stretch on a CPU before their latency is sampled
+    /// (1 in `syscall_sample_every`, weighted) instead of timed one by one; 0 times every call.
+    /// Counts and errors are always exact.
+    pub syscall_burst: u32,
+    pub syscall_sample_every: u32,
+    pub _pad: u32,
 }
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
@@ -91,6 +130,173 @@ pub struct SampleKey {
     pub kernel_stack_id: i32,
     /// Thread name at the time of the sample.
     pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// Log-linear latency buckets: exact below 16 ns, then 8 buckets per power of two (at most
+/// 12.5% wide), up to 2^42 ns (73 minutes); longer values share the last bucket. The kernel
+/// side counts into them with [`histogram::bucket_of`]; userspace turns each bucket back into
+/// its range with [`histogram::bucket_range`], so the conversion to an HDR histogram loses
+/// nothing the kernel kept.
+pub mod histogram {
+    /// Sub-buckets per power of two, as a power of two.
+    pub const SUB_BITS: u32 = 3;
+    /// Number of buckets.
+    pub const BUCKETS: usize = 320;
+
+    /// The bucket of a value in nanoseconds.
+    #[inline(always)]
+    pub fn bucket_of(value: u64) -> usize {
+        const LINEAR: u64 = 1 << (SUB_BITS + 1);
+        if value < LINEAR {
+            return value as usize;
+        }
+        let log = 63 - value.leading_zeros();
+        let sub = (value >> (log - SUB_BITS)) & ((1 << SUB_BITS) - 1);
+        let index = (((log - SUB_BITS + 1) as u64) << SUB_BITS) + sub;
+        if index >= BUCKETS as u64 { BUCKETS - 1 } else { index as usize }
+    }
+
+    /// The values `[low, high)` a bucket holds.
+    pub fn bucket_range(index: usize) -> (u64, u64) {
+        const LINEAR: usize = 1 << (SUB_BITS + 1);
+        if index < LINEAR {
+            return (index as u64, index as u64 + 1);
+        }
+        let log = (index >> SUB_BITS) as u32 + SUB_BITS - 1;
+        let sub = (index & ((1 << SUB_BITS) - 1)) as u64;
+        let step = 1u64 << (log - SUB_BITS);
+        let low = ((1 << SUB_BITS) + sub) << (log - SUB_BITS);
+        (low, low + step)
+    }
+}
+
+/// A latency distribution aggregated in the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    /// Counts per [`histogram`] bucket.
+    pub buckets: [u32; histogram::BUCKETS],
+}
+
+/// Key of the syscall statistics: one syscall of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SyscallKey {
+    pub tgid: u32,
+    /// Syscall number of the running architecture.
+    pub nr: u32,
+}
+
+/// Calls, failures and latency of one syscall of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyscallStats {
+    /// Every call (exact).
+    pub calls: u64,
+    /// Calls that returned an error, -4095..-1 (exact).
+    pub errors: u64,
+    /// Calls timed from entry; in bursts one stands for `syscall_sample_every`.
+    pub timed: u64,
+    /// Calls not sampled that then blocked (left the CPU): timed from the moment they blocked.
+    pub timed_from_block: u64,
+    /// Latency, weighted: its count and total estimate all calls when latency was sampled.
+    pub latency: LatencyHistogram,
+}
+
+/// Calls of one syscall counted on one CPU and not yet added to the shared statistics.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingCount {
+    pub tgid: u32,
+    pub nr: u32,
+    pub count: u32,
+    pub _pad: u32,
+}
+
+/// Entries of the per-CPU pending-count cache (a power of two).
+pub const PENDING_COUNTS: usize = 4;
+
+/// One syscall in progress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InFlight {
+    pub tgid: u32,
+    pub nr: u32,
+    /// Start, or 0 when this call was not sampled (yet: it is timed if it blocks).
+    pub start_ns: u64,
+    /// How many calls this timing stands for.
+    pub weight: u32,
+    /// 1 while the call is in progress.
+    pub active: u32,
+    /// 1 when timed from the moment it blocked rather than from entry.
+    pub from_block: u32,
+    pub _pad: u32,
+}
+
+/// The syscall programs' per-CPU state: the call in flight on this CPU, the stretch of calls
+/// of the thread on it, and counts not yet moved to the shared map (userspace adds those at
+/// the end).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallSlot {
+    pub tid: u32,
+    /// Calls the thread made since it last got this CPU.
+    pub stretch_calls: u32,
+    pub call: InFlight,
+    pub pending: [PendingCount; PENDING_COUNTS],
+}
+
+/// Key of the failed-call counts: one errno of one syscall of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SyscallErrorKey {
+    pub tgid: u32,
+    pub nr: u32,
+    pub errno: u32,
+    pub _pad: u32,
+}
+
+/// Scheduler statistics of one thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadSched {
+    pub tgid: u32,
+    /// 1 while the thread is on a CPU (its on-CPU time since `last_switch_in_ns` is not yet
+    /// counted).
+    pub on_cpu: u32,
+    /// Switches out while blocked (sleep, I/O, lock).
+    pub voluntary: u64,
+    /// Switches out while runnable (preempted).
+    pub involuntary: u64,
+    pub oncpu_ns: u64,
+    pub offcpu_ns: u64,
+    pub last_switch_in_ns: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// Key of off-CPU time: where a thread was (its stacks) and why (its state) when it left the CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OffCpuKey {
+    pub tgid: u32,
+    /// `sched_switch` prev_state: 0 or [`TASK_REPORT_MAX`] preempted, else the sleep state.
+    pub state: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+}
+
+/// `prev_state` of a task preempted inside the kernel (`TASK_REPORT_MAX`).
+pub const TASK_REPORT_MAX: u32 = 0x100;
+
+/// Time spent off CPU under one [`OffCpuKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuValue {
+    pub total_ns: u64,
+    pub count: u64,
 }
 
 /// Kinds of [`ProcessEvent`].
@@ -138,19 +344,28 @@ pub enum Counter {
     ProcessEventsLost = 4,
     /// New target processes not followed because `TARGETS` was full.
     TargetsFull = 5,
+    /// Syscall statistics dropped because `SYSCALLS` was full.
+    SyscallsLost = 6,
+    /// Scheduler events dropped (a map was full, or task storage was unavailable).
+    SchedLost = 7,
+    /// Off-CPU intervals dropped because `OFFCPU` was full.
+    OffCpuLost = 8,
 }
 
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 6] = [
+    pub const ALL: [Counter; 9] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
         Counter::KernelStacksLost,
         Counter::ProcessEventsLost,
         Counter::TargetsFull,
+        Counter::SyscallsLost,
+        Counter::SchedLost,
+        Counter::OffCpuLost,
     ];
 }
 
@@ -161,6 +376,14 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::ProcessEvent {}
+    unsafe impl aya::Pod for super::LatencyHistogram {}
+    unsafe impl aya::Pod for super::SyscallKey {}
+    unsafe impl aya::Pod for super::SyscallStats {}
+    unsafe impl aya::Pod for super::SyscallErrorKey {}
+    unsafe impl aya::Pod for super::SyscallSlot {}
+    unsafe impl aya::Pod for super::ThreadSched {}
+    unsafe impl aya::Pod for super::OffCpuKey {}
+    unsafe impl aya::Pod for super::OffCpuValue {}
 }
 
 #[cfg(test)]
@@ -171,9 +394,37 @@ mod tests {
 
     #[test]
     fn shared_types_have_no_padding() {
-        assert_eq!(size_of::<Config>(), 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN);
+        assert_eq!(size_of::<Config>(), 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 4 * 4);
         assert_eq!(size_of::<SampleKey>(), 4 * 4 + TASK_COMM_LEN);
         assert_eq!(size_of::<ProcessEvent>(), 4 * 4 + 8 + TASK_COMM_LEN);
+        assert_eq!(size_of::<LatencyHistogram>(), 3 * 8 + 4 * histogram::BUCKETS);
+        assert_eq!(size_of::<SyscallStats>(), size_of::<LatencyHistogram>() + 4 * 8);
+        assert_eq!(size_of::<SyscallErrorKey>(), 16);
+        assert_eq!(size_of::<InFlight>(), 32);
+        assert_eq!(size_of::<SyscallSlot>(), 8 + 32 + 16 * PENDING_COUNTS);
+        assert_eq!(size_of::<ThreadSched>(), 2 * 4 + 5 * 8 + TASK_COMM_LEN);
+        assert_eq!(size_of::<OffCpuKey>(), 16);
+    }
+
+    #[test]
+    fn histogram_buckets_tile_the_values() {
+        use histogram::*;
+        // Every value falls in the range of its bucket, and consecutive buckets touch.
+        for value in (0..5000u64).chain([1 << 20, 999_999, 1_000_000, 123_456_789, 1 << 41]) {
+            let (low, high) = bucket_range(bucket_of(value));
+            assert!(low <= value && value < high, "{value} outside bucket {}", bucket_of(value));
+        }
+        for index in 1..BUCKETS {
+            assert_eq!(bucket_range(index - 1).1, bucket_range(index).0, "gap before bucket {index}");
+        }
+        // Exact below 16, then at most 12.5% wide.
+        assert_eq!(bucket_range(bucket_of(15)), (15, 16));
+        for index in 16..BUCKETS {
+            let (low, high) = bucket_range(index);
+            assert!((high - low) * 8 <= low, "bucket {index} is {low}..{high}");
+        }
+        assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+        assert!(bucket_range(BUCKETS - 1).0 >= 1 << 41);
     }
 
     #[test]

@@ -12,6 +12,11 @@ static CONFIG: Config = Config {
     task_pid_offset: 0,
     task_tgid_offset: 0,
     comm: [0; 16],
+    start_ns: 0,
+    sched_stats: 0,
+    syscall_burst: 0,
+    syscall_sample_every: 1,
+    _pad: 0,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

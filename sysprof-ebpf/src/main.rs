@@ -15,9 +15,13 @@ mod atomic;
 mod config;
 mod counters;
 mod cpu;
+mod histogram;
 mod maps;
 mod process;
+mod sched;
+mod syscalls;
 mod target;
+mod task_state;
 
 #[cfg(not(test))]
 #[panic_handler]

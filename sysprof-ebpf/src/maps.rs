@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
 };
 use sysprof_common::{Counter, capacity};
 
@@ -13,6 +13,10 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(capacity::STACKS, 0
 /// tgid -> 1 for the processes being profiled (filter::TARGETS).
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGETS, 0);
+
+/// Bumped on every change to `TARGETS` (by the programs and by userspace).
+#[map]
+pub static TARGETS_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 
 /// What the programs saw and lost, per CPU, indexed by `Counter`.
 #[map]

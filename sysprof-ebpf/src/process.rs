@@ -11,7 +11,13 @@ use aya_ebpf::{
 };
 use sysprof_common::{Counter, ProcessEvent, TASK_COMM_LEN, filter, process_event};
 
-use crate::{config::config, counters, maps::PROCESS_EVENTS, target};
+use crate::{
+    config::config,
+    counters,
+    maps::PROCESS_EVENTS,
+    target,
+    task_state::{TASK_STATE, UNDECIDED},
+};
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, run by the parent.
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
@@ -59,6 +65,11 @@ pub fn process_exec(_ctx: RawTracePointContext) -> i32 {
 
 #[inline(always)]
 fn try_process_exec() {
+    // A new program may change whether the task is a target (--comm, or `-- CMD` released
+    // from its gate): decide again on its next event.
+    if let Some(state) = TASK_STATE.current(false) {
+        state.target = UNDECIDED;
+    }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !target::is_current_target(tgid) {
         if config().filter != filter::TARGETS || !target::current_comm_matches() {

@@ -33,8 +33,8 @@ Examples:
   sudo sysprof trace --unit nginx.service          profile a systemd service
   sudo sysprof trace --comm python3 -o out/        every process named python3, now or later
 
-Results go to ./profile_output/: cpu.svg (open in a browser), cpu.folded, report.md,
-report.json. Ctrl-C ends the trace early and still writes everything.";
+Results go to ./profile_output/: cpu.svg and offcpu.svg (open in a browser), their .folded
+stacks, report.md, report.json. Ctrl-C ends the trace early and still writes everything.";
 
 /// `sysprof trace` options.
 #[derive(Debug, Args)]
@@ -52,7 +52,7 @@ pub struct TraceArgs {
     #[arg(long, value_name = "NAME", conflicts_with_all = ["cgroup", "unit", "command"])]
     pub comm: Option<String>,
 
-    /// Tasks in a cgroup v2 (a path under /sys/fs/cgroup, or absolute), filtered in the kernel
+    /// Tasks in a cgroup v2 (a path under its mount, or absolute), filtered in the kernel
     #[arg(long, value_name = "PATH", conflicts_with_all = ["pid", "unit", "command"])]
     pub cgroup: Option<PathBuf>,
 
@@ -81,6 +81,12 @@ pub struct TraceArgs {
     #[arg(long, value_name = "N", default_value_t = sysprof_common::capacity::STACKS,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub stack_storage_size: u32,
+
+    /// Time every syscall; by default, past 32 calls in one stretch on a CPU, a thread has 1
+    /// call in 16 timed (and any call that blocks), which keeps the cost per call low; counts
+    /// and errors are always exact
+    #[arg(long)]
+    pub time_every_syscall: bool,
 
     /// Directory for the results
     #[arg(short, long, value_name = "DIR", default_value = "profile_output")]
@@ -134,6 +140,7 @@ impl TraceArgs {
             frequency_hz: self.freq,
             event: self.event,
             stack_storage_size: self.stack_storage_size,
+            time_every_syscall: self.time_every_syscall,
             focus: self.focus,
             output_dir: self.output,
             quiet: self.quiet,

@@ -13,7 +13,7 @@ use tokio::{
     sync::oneshot,
 };
 
-use crate::{output::thousands, probes::Probes, procs::ProcessTable, target};
+use crate::{output::thousands, probes::Probes, procs::ProcessTable, selfcost::StatsWindows, target};
 
 /// Why the trace ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,16 +99,26 @@ const TICK: Duration = Duration::from_millis(20);
 /// How often the status line is redrawn and the targets' liveness checked.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
+/// What the collect stage ends with.
+#[derive(Debug)]
+pub struct Collected {
+    pub ended_by: EndReason,
+    pub elapsed: Duration,
+    /// Share of the run the kernel's BPF statistics were on (see `selfcost::StatsWindows`).
+    pub stats_coverage: f64,
+}
+
 /// Runs until the trace should end; returns why, and how long it ran.
 pub async fn collect(
-    probes: &Probes,
+    probes: &mut Probes,
     events: RingBuf<MapData>,
     processes: &mut ProcessTable,
     mut plan: StopPlan,
     signals: &mut Signals,
     status: &StatusLine,
-) -> anyhow::Result<(EndReason, Duration)> {
+) -> anyhow::Result<Collected> {
     let started = Instant::now();
+    let mut stats_windows = StatsWindows::start(probes);
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged until the
     // AsyncFd (which owns the ring buffer) is dropped.
     let mut events =
@@ -131,6 +141,7 @@ pub async fn collect(
             }
             _ = tick.tick() => {
                 processes.rescan_due();
+                stats_windows.tick(probes);
                 if last_status.elapsed() >= STATUS_EVERY {
                     last_status = Instant::now();
                     if plan.stop_when_targets_exit && !processes.live_pids().any(target::process_alive) {
@@ -149,7 +160,8 @@ pub async fn collect(
     };
     // Events that arrived just before the end still matter (a child that exited last).
     drain_events(events.get_mut(), processes);
-    Ok((reason, started.elapsed()))
+    let stats_coverage = stats_windows.finish(probes);
+    Ok(Collected { ended_by: reason, elapsed: started.elapsed(), stats_coverage })
 }
 
 fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) {

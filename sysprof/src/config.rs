@@ -69,11 +69,15 @@ impl fmt::Display for SampleEvent {
 pub enum Family {
     /// On-CPU stack sampling (perf_event).
     Cpu,
+    /// Context switches, run-queue latency, off-CPU time and stacks (sched_switch, sched_wakeup).
+    Sched,
+    /// Syscall counts, errors and latency (sys_enter, sys_exit).
+    Syscalls,
 }
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 1] = [Family::Cpu];
+    pub const ALL: [Family; 3] = [Family::Cpu, Family::Sched, Family::Syscalls];
 }
 
 /// Everything `sysprof trace` needs to run.
@@ -87,6 +91,8 @@ pub struct TraceConfig {
     pub event: SampleEvent,
     /// Entries of the in-kernel stack map.
     pub stack_storage_size: u32,
+    /// Time every syscall with the precise clock, even in bursts (more overhead).
+    pub time_every_syscall: bool,
     /// Probe families to attach; empty means all that apply.
     pub focus: Vec<Family>,
     pub output_dir: PathBuf,
@@ -107,6 +113,7 @@ impl TraceConfig {
             frequency_hz: 99,
             event: SampleEvent::CpuClock,
             stack_storage_size: sysprof_common::capacity::STACKS,
+            time_every_syscall: false,
             focus: Vec::new(),
             output_dir: PathBuf::from("profile_output"),
             quiet: false,

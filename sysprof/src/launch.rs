@@ -45,10 +45,15 @@ impl GatedChild {
         let (pid_reader, pid_writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let (gate_reader, gate_writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let (pid_fd, gate_fd) = (pid_writer.as_raw_fd(), gate_reader.as_raw_fd());
+        // The child's copies of sysprof's ends: closed first thing, or a sysprof that dies
+        // before opening the gate would leave the child waiting on a pipe it holds open itself.
+        let (parent_pid_end, parent_gate_end) = (pid_reader.as_raw_fd(), gate_writer.as_raw_fd());
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe system calls on memory allocated before the fork.
         unsafe {
             command.pre_exec(move || {
+                libc::close(parent_pid_end);
+                libc::close(parent_gate_end);
                 let pid = libc::getpid().to_ne_bytes();
                 if libc::write(pid_fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
                     return Err(std::io::Error::last_os_error());

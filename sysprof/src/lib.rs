@@ -8,7 +8,8 @@
 //! 2. load/attach: [`probes`] (the embedded BPF object), [`launch`] (`-- CMD` held at a gate);
 //! 3. collect: [`collect`] (events, status line, the end of the trace), [`procs`] and
 //!    [`procmaps`] (memory maps kept for symbolization);
-//! 4. aggregate: [`profile`]; 5. symbolize: [`symbolize`];
+//! 4. aggregate: [`profile`] (stacks), [`sched`], [`syscalls`], [`latency`] (histograms);
+//! 5. symbolize: [`symbolize`];
 //! 6. write: [`report`] (the model) and [`output`] (folded, SVG, Markdown, JSON).
 //!
 //! [`trace::trace`] strings them together; the CLI ([`cli`]) only builds a [`config::TraceConfig`].
@@ -20,6 +21,7 @@ pub mod collect;
 pub mod config;
 pub mod cpustat;
 pub mod error;
+pub mod latency;
 pub mod launch;
 pub mod output;
 pub mod privileges;
@@ -28,8 +30,10 @@ pub mod procmaps;
 pub mod procs;
 pub mod profile;
 pub mod report;
+pub mod sched;
 pub mod selfcost;
 pub mod symbolize;
+pub mod syscalls;
 pub mod target;
 pub mod trace;
 

@@ -9,15 +9,18 @@ use std::{
 
 use anyhow::{Context as _, anyhow};
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    Btf, Ebpf, EbpfLoader, Pod,
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
-        PerfEvent, ProgramError, RawTracePoint,
+        BtfTracePoint, PerfEvent, ProgramError, RawTracePoint,
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
 use serde::Serialize;
-use sysprof_common::{Config, Counter, SampleKey, names};
+use sysprof_common::{
+    Config, Counter, LatencyHistogram, OffCpuKey, OffCpuValue, SampleKey, SyscallErrorKey, SyscallKey,
+    SyscallSlot, SyscallStats, ThreadSched, names,
+};
 
 use crate::{config::SampleEvent, error::Error};
 
@@ -74,12 +77,35 @@ pub struct CpuSamples {
     pub stacks: HashMap<u32, Vec<u64>>,
 }
 
+/// Syscall statistics as the kernel aggregated them.
+#[derive(Debug, Default)]
+pub struct SyscallDump {
+    pub stats: Vec<(SyscallKey, SyscallStats)>,
+    pub errors: Vec<(SyscallErrorKey, u64)>,
+    /// Calls still counted in the per-CPU caches, not yet in `stats`.
+    pub pending: Vec<(SyscallKey, u64)>,
+}
+
+/// Scheduler statistics as the kernel aggregated them, with the off-CPU stacks.
+#[derive(Debug, Default)]
+pub struct SchedDump {
+    pub threads: Vec<(u32, ThreadSched)>,
+    pub runq: Vec<(u32, LatencyHistogram)>,
+    pub offcpu: Vec<(OffCpuKey, OffCpuValue)>,
+    /// Stack id -> instruction pointers, innermost first.
+    pub stacks: HashMap<u32, Vec<u64>>,
+}
+
 /// The loaded BPF object and everything attached from it.
 pub struct Probes {
     ebpf: Ebpf,
+    /// Kernel BTF, parsed on first need (BTF tracepoints).
+    btf: Option<Btf>,
     attached: Vec<AttachedProbe>,
-    /// Keeps the kernel's run-time statistics on while sysprof runs (None where refused).
+    /// Keeps the kernel's run-time statistics on while held (see `set_stats`).
     stats: Option<OwnedFd>,
+    /// Whether the kernel ever accepted to keep them.
+    stats_available: bool,
 }
 
 impl Probes {
@@ -90,9 +116,12 @@ impl Probes {
         let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::STACKS, stack_entries)
+            // TASK_STATE is a task-storage map, which aya creates but cannot read from
+            // userspace: only the kernel side uses it.
+            .allow_unsupported_maps()
             .load(BPF_OBJECT)
             .context("loading sysprof's BPF object")?;
-        Ok(Probes { ebpf, attached: Vec::new(), stats })
+        Ok(Probes { ebpf, btf: None, attached: Vec::new(), stats_available: stats.is_some(), stats })
     }
 
     /// Adds a process to the in-kernel target set.
@@ -100,6 +129,11 @@ impl Probes {
         let mut targets: BpfHashMap<&mut MapData, u32, u8> =
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         targets.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the targets"))?;
+        // Per-CPU caches may hold an older "not a target" verdict for this pid.
+        let mut generation: Array<&mut MapData, u64> =
+            Array::try_from(self.map_mut(names::TARGETS_GENERATION)?)?;
+        let current = generation.get(&0, 0)?;
+        generation.set(0, current + 1, 0)?;
         Ok(())
     }
 
@@ -160,6 +194,48 @@ impl Probes {
         Ok(())
     }
 
+    /// Attaches the syscall enter/exit programs.
+    pub fn attach_syscalls(&mut self) -> anyhow::Result<()> {
+        self.attach_btf_tracepoint("syscall_enter", "sys_enter")?;
+        self.attach_btf_tracepoint("syscall_exit", "sys_exit")
+    }
+
+    /// Attaches the context-switch program (scheduler statistics, off-CPU stacks, and parking of
+    /// syscalls in flight).
+    pub fn attach_sched_switch(&mut self) -> anyhow::Result<()> {
+        self.attach_btf_tracepoint("sched_switch", "sched_switch")
+    }
+
+    /// Attaches the wakeup program (run-queue latency).
+    pub fn attach_sched_wakeup(&mut self) -> anyhow::Result<()> {
+        self.attach_btf_tracepoint("sched_wakeup", "sched_wakeup")
+    }
+
+    fn attach_btf_tracepoint(&mut self, program_name: &str, tracepoint: &str) -> anyhow::Result<()> {
+        if self.btf.is_none() {
+            self.btf = Some(Btf::from_sys_fs().map_err(|error| Error::MissingKernelFeature {
+                feature: "kernel BTF (/sys/kernel/btf/vmlinux)".into(),
+                fix: format!(
+                    "the scheduler and syscall probes need it ({error}): use a kernel built with \
+                     CONFIG_DEBUG_INFO_BTF=y, or --focus cpu"
+                ),
+            })?);
+        }
+        let btf = self.btf.as_ref().expect("parsed above");
+        let program: &mut BtfTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
+        program.load(tracepoint, btf).map_err(|e| rejected(program_name, e))?;
+        program.attach().with_context(|| format!("attaching {program_name} to tp_btf/{tracepoint}"))?;
+        let program_id = program.info()?.id();
+        self.attached.push(AttachedProbe {
+            program: program_name.into(),
+            kind: "tp_btf".into(),
+            attached_to: format!("tracepoint {tracepoint}"),
+            links: 1,
+            program_id,
+        });
+        Ok(())
+    }
+
     /// The ring buffer of process events, for the collector to own.
     pub fn take_process_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
         let map = self
@@ -181,9 +257,7 @@ impl Probes {
 
     /// Reads the on-CPU sample counts and every stack they reference.
     pub fn cpu_samples(&self) -> anyhow::Result<CpuSamples> {
-        let counts_map: BpfHashMap<&MapData, SampleKey, u64> =
-            BpfHashMap::try_from(self.map(names::CPU_SAMPLES)?)?;
-        let counts: Vec<(SampleKey, u64)> = counts_map.iter().collect::<Result<_, _>>()?;
+        let counts: Vec<(SampleKey, u64)> = self.entries(names::CPU_SAMPLES)?;
         let ids: BTreeSet<u32> = counts
             .iter()
             .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
@@ -191,6 +265,46 @@ impl Probes {
             .collect();
         let stacks = self.stacks(&ids)?;
         Ok(CpuSamples { counts, stacks })
+    }
+
+    /// Reads the syscall statistics.
+    pub fn syscalls(&self) -> anyhow::Result<SyscallDump> {
+        let slots: PerCpuArray<&MapData, SyscallSlot> =
+            PerCpuArray::try_from(self.map(names::SYSCALL_SLOT)?)?;
+        let pending = slots
+            .get(&0, 0)?
+            .iter()
+            .flat_map(|slot| slot.pending)
+            .filter(|p| p.count != 0)
+            .map(|p| (SyscallKey { tgid: p.tgid, nr: p.nr }, u64::from(p.count)))
+            .collect();
+        Ok(SyscallDump {
+            stats: self.entries(names::SYSCALLS)?,
+            errors: self.entries(names::SYSCALL_ERRORS)?,
+            pending,
+        })
+    }
+
+    /// Reads the scheduler statistics and the off-CPU stacks.
+    pub fn sched(&self) -> anyhow::Result<SchedDump> {
+        let offcpu: Vec<(OffCpuKey, OffCpuValue)> = self.entries(names::OFFCPU)?;
+        let ids: BTreeSet<u32> = offcpu
+            .iter()
+            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        Ok(SchedDump {
+            threads: self.entries(names::THREAD_SCHED)?,
+            runq: self.entries(names::RUNQ_LATENCY)?,
+            stacks: self.stacks(&ids)?,
+            offcpu,
+        })
+    }
+
+    /// Every entry of a hash map.
+    fn entries<K: Pod, V: Pod>(&self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
+        let map: BpfHashMap<&MapData, K, V> = BpfHashMap::try_from(self.map(name)?)?;
+        map.iter().collect::<Result<_, _>>().with_context(|| format!("reading map {name}"))
     }
 
     fn stacks(&self, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
@@ -207,7 +321,18 @@ impl Probes {
 
     /// Whether the kernel keeps run-time statistics for the programs.
     pub fn stats_available(&self) -> bool {
-        self.stats.is_some()
+        self.stats_available
+    }
+
+    /// Turns the kernel's BPF run-time statistics on or off. They time every run of every BPF
+    /// program on the machine (two clock reads per run), which costs more than some of the
+    /// programs themselves, so the collector keeps them on in windows only (see `selfcost`).
+    pub fn set_stats(&mut self, on: bool) {
+        if !on {
+            self.stats = None;
+        } else if self.stats.is_none() && self.stats_available {
+            self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        }
     }
 
     /// What is attached so far.

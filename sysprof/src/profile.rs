@@ -1,5 +1,6 @@
-//! The aggregate stage: the kernel's (thread, stack ids) -> count map becomes symbolized,
+//! The aggregate stage: the kernel's (thread, stack ids) -> weight maps become symbolized,
 //! weighted stacks per process, the shape every stack output (folded, SVG, hotspots) reads.
+//! On-CPU samples and off-CPU time go through the same path.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -18,7 +19,8 @@ pub struct WeightedStack {
     pub pid: u32,
     /// Root frame of the flamegraph: the process name, or a label for idle and kernel threads.
     pub process: String,
-    /// Outermost first; user frames then kernel frames.
+    /// Outermost first: an optional label (why the thread was off CPU), user frames, then
+    /// kernel frames.
     pub frames: Vec<Frame>,
     pub weight: u64,
 }
@@ -36,9 +38,134 @@ impl StackProfile {
     }
 }
 
+/// One weighted observation as the kernel keyed it.
+#[derive(Clone, Copy, Debug)]
+pub struct StackSample {
+    pub tgid: u32,
+    /// 0 for the idle task.
+    pub tid: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    /// Thread name at the time, when the kernel recorded it.
+    pub comm: Option<[u8; 16]>,
+    pub weight: u64,
+    /// What the caller keyed besides the stacks (the scheduler state of off-CPU samples).
+    pub tag: u32,
+}
+
 /// Marker frames for stacks the kernel could not keep.
 const LOST_USER_STACK: &str = "[user stack lost]";
 const LOST_KERNEL_STACK: &str = "[kernel stack lost]";
+
+/// Stacks resolved to frames: kernel stacks by id, user stacks by (process, id) since the same
+/// addresses mean different code in different processes.
+#[derive(Debug, Default)]
+pub struct ResolvedStacks {
+    kernel: HashMap<u32, Vec<Frame>>,
+    user: HashMap<(u32, u32), Vec<Frame>>,
+}
+
+impl ResolvedStacks {
+    /// Symbolizes every stack the samples reference, in batches.
+    pub fn resolve(
+        samples: &[StackSample],
+        stacks: &HashMap<u32, Vec<u64>>,
+        processes: &mut ProcessTable,
+        symbolizer: &mut Symbolizer,
+    ) -> Self {
+        for sample in samples {
+            if sample.tgid != 0 {
+                processes.ensure(sample.tgid);
+            }
+        }
+        let kernel_ids: BTreeSet<u32> =
+            samples.iter().filter_map(|s| u32::try_from(s.kernel_stack_id).ok()).collect();
+        let kernel_addrs: BTreeSet<u64> =
+            kernel_ids.iter().filter_map(|id| stacks.get(id)).flatten().copied().collect();
+        let kernel_frames = symbolizer.kernel(&kernel_addrs.into_iter().collect::<Vec<_>>());
+        let kernel = kernel_ids
+            .iter()
+            .filter_map(|&id| {
+                let ips = stacks.get(&id)?;
+                let mut frames: Vec<Frame> =
+                    ips.iter().rev().flat_map(|addr| kernel_frames[addr].iter().cloned()).collect();
+                without_tracing_glue(&mut frames);
+                Some((id, frames))
+            })
+            .collect();
+
+        let mut user_ids: HashMap<u32, BTreeSet<u32>> = HashMap::new();
+        for sample in samples {
+            if let Ok(id) = u32::try_from(sample.user_stack_id) {
+                user_ids.entry(sample.tgid).or_default().insert(id);
+            }
+        }
+        let mut user = HashMap::new();
+        for (pid, ids) in user_ids {
+            let addrs: BTreeSet<u64> =
+                ids.iter().filter_map(|id| stacks.get(id)).flat_map(|ips| lookup_addresses(ips)).collect();
+            let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+            let frames = symbolizer.user(pid, maps, &addrs.into_iter().collect::<Vec<_>>());
+            for id in ids {
+                let Some(ips) = stacks.get(&id) else { continue };
+                let addrs: Vec<u64> = lookup_addresses(ips).collect();
+                user.insert(
+                    (pid, id),
+                    addrs.iter().rev().flat_map(|addr| frames[addr].iter().cloned()).collect(),
+                );
+            }
+        }
+        ResolvedStacks { kernel, user }
+    }
+
+    /// The frames of a sample, outermost first: user stack, then kernel stack.
+    pub fn frames(&self, sample: &StackSample) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        match sample.user_stack_id {
+            stack::NONE => {}
+            stack::LOST => frames.push(marker(LOST_USER_STACK)),
+            id => frames.extend(self.user.get(&(sample.tgid, id as u32)).into_iter().flatten().cloned()),
+        }
+        frames.extend(self.kernel_frames(sample).iter().cloned());
+        frames
+    }
+
+    /// Only the kernel part of a sample's stack.
+    pub fn kernel_frames(&self, sample: &StackSample) -> &[Frame] {
+        static LOST: std::sync::OnceLock<[Frame; 1]> = std::sync::OnceLock::new();
+        match sample.kernel_stack_id {
+            stack::NONE => &[],
+            stack::LOST => LOST.get_or_init(|| [marker(LOST_KERNEL_STACK)]),
+            id => self.kernel.get(&(id as u32)).map(Vec::as_slice).unwrap_or(&[]),
+        }
+    }
+}
+
+/// Merges samples with the same process and frames into a profile. `label` may add a frame
+/// right under the process (for example why a thread was off CPU).
+pub fn build(
+    samples: &[StackSample],
+    resolved: &ResolvedStacks,
+    processes: &ProcessTable,
+    unit: &str,
+    label: impl Fn(&StackSample, &[Frame]) -> Option<String>,
+) -> StackProfile {
+    let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
+    for sample in samples {
+        let mut frames = Vec::new();
+        if let Some(label) = label(sample, resolved.kernel_frames(sample)) {
+            frames.push(marker(&label));
+        }
+        frames.extend(resolved.frames(sample));
+        *merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default() += sample.weight;
+    }
+    let mut stacks: Vec<WeightedStack> = merged
+        .into_iter()
+        .map(|((pid, process, frames), weight)| WeightedStack { pid, process, frames, weight })
+        .collect();
+    stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
+    StackProfile { unit: unit.into(), stacks }
+}
 
 /// Builds the on-CPU profile from the raw samples.
 pub fn cpu_profile(
@@ -46,70 +173,37 @@ pub fn cpu_profile(
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
 ) -> StackProfile {
-    for (key, _) in &samples.counts {
-        if key.tgid != 0 {
-            processes.ensure(key.tgid);
+    let stack_samples: Vec<StackSample> =
+        samples.counts.iter().map(|(key, count)| sample_of(key, *count)).collect();
+    let resolved = ResolvedStacks::resolve(&stack_samples, &samples.stacks, processes, symbolizer);
+    build(&stack_samples, &resolved, processes, "samples", |_, _| None)
+}
+
+fn sample_of(key: &SampleKey, count: u64) -> StackSample {
+    StackSample {
+        tgid: key.tgid,
+        tid: key.tid,
+        user_stack_id: key.user_stack_id,
+        kernel_stack_id: key.kernel_stack_id,
+        comm: Some(key.comm),
+        weight: count,
+        tag: 0,
+    }
+}
+
+/// Stacks taken inside a tracepoint program end in the tracing machinery (`bpf_trace_run4`,
+/// then the JIT-compiled program itself, which resolves to whatever symbol precedes it): cut
+/// them off, so a stack ends where the traced code was (`__schedule` for a context switch).
+fn without_tracing_glue(frames: &mut Vec<Frame>) {
+    if let Some(glue) = frames.iter().rposition(|f| f.function.starts_with("bpf_trace_run")) {
+        frames.truncate(glue);
+        while frames
+            .last()
+            .is_some_and(|f| f.function.starts_with("__bpf_trace_") || f.function.starts_with("__traceiter_"))
+        {
+            frames.pop();
         }
     }
-
-    let kernel_addrs: BTreeSet<u64> = samples
-        .counts
-        .iter()
-        .filter_map(|(key, _)| samples.stacks.get(&u32::try_from(key.kernel_stack_id).ok()?))
-        .flatten()
-        .copied()
-        .collect();
-    let kernel_frames = symbolizer.kernel(&kernel_addrs.into_iter().collect::<Vec<_>>());
-
-    let mut user_addrs: HashMap<u32, BTreeSet<u64>> = HashMap::new();
-    for (key, _) in &samples.counts {
-        if let Some(ips) = u32::try_from(key.user_stack_id).ok().and_then(|id| samples.stacks.get(&id)) {
-            user_addrs.entry(key.tgid).or_default().extend(lookup_addresses(ips));
-        }
-    }
-    let mut user_frames: HashMap<u32, HashMap<u64, Vec<Frame>>> = HashMap::new();
-    for (pid, addrs) in user_addrs {
-        let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
-        let addrs: Vec<u64> = addrs.into_iter().collect();
-        user_frames.insert(pid, symbolizer.user(pid, maps, &addrs));
-    }
-
-    let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
-    for (key, count) in &samples.counts {
-        let mut frames = Vec::new();
-        match key.user_stack_id {
-            stack::NONE => {}
-            stack::LOST => frames.push(marker(LOST_USER_STACK)),
-            id => {
-                if let (Some(ips), Some(resolved)) =
-                    (samples.stacks.get(&(id as u32)), user_frames.get(&key.tgid))
-                {
-                    for addr in lookup_addresses(ips).collect::<Vec<_>>().into_iter().rev() {
-                        frames.extend(resolved[&addr].iter().cloned());
-                    }
-                }
-            }
-        }
-        match key.kernel_stack_id {
-            stack::NONE => {}
-            stack::LOST => frames.push(marker(LOST_KERNEL_STACK)),
-            id => {
-                if let Some(ips) = samples.stacks.get(&(id as u32)) {
-                    for addr in ips.iter().rev() {
-                        frames.extend(kernel_frames[addr].iter().cloned());
-                    }
-                }
-            }
-        }
-        *merged.entry((key.tgid, root_label(key, processes), frames)).or_default() += count;
-    }
-
-    let mut stacks: Vec<WeightedStack> = merged
-        .into_iter()
-        .map(|((pid, process, frames), weight)| WeightedStack { pid, process, frames, weight })
-        .collect();
-    stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
-    StackProfile { unit: "samples".into(), stacks }
 }
 
 /// The addresses to symbolize for a stack, innermost first. Every frame but the innermost holds
@@ -124,14 +218,17 @@ fn marker(label: &str) -> Frame {
 }
 
 /// The flamegraph root for a sample: the process name, with idle and kernel threads labelled.
-fn root_label(key: &SampleKey, processes: &ProcessTable) -> String {
-    if key.tid == 0 {
+fn root_label(sample: &StackSample, processes: &ProcessTable) -> String {
+    if sample.tid == 0 && sample.tgid == 0 {
         return "[idle]".into();
     }
-    let record = processes.get(key.tgid);
-    let name =
-        record.map(|p| p.name.clone()).filter(|n| !n.is_empty()).unwrap_or_else(|| comm_to_string(&key.comm));
-    let kernel_thread = key.user_stack_id == stack::NONE && record.is_some_and(|p| p.maps.is_none());
+    let record = processes.get(sample.tgid);
+    let name = record
+        .map(|p| p.name.clone())
+        .filter(|n| !n.is_empty())
+        .or_else(|| sample.comm.map(|comm| comm_to_string(&comm)))
+        .unwrap_or_else(|| format!("pid {}", sample.tgid));
+    let kernel_thread = sample.user_stack_id == stack::NONE && record.is_some_and(|p| p.maps.is_none());
     if kernel_thread { format!("[kernel thread] {name}") } else { name }
 }
 
@@ -177,5 +274,39 @@ mod tests {
         assert_eq!(profile.stacks[0].process, "[idle]");
         assert_eq!(profile.stacks[0].frames, vec![marker(LOST_KERNEL_STACK)]);
         assert_eq!(profile.total(), 7);
+    }
+
+    #[test]
+    fn tracing_glue_is_cut_from_kernel_stacks() {
+        let kernel = |names: &[&str]| -> Vec<Frame> {
+            names
+                .iter()
+                .map(|n| Frame { function: n.to_string(), module: Frame::KERNEL_MODULE.into() })
+                .collect()
+        };
+        let mut frames =
+            kernel(&["do_nanosleep", "schedule", "__schedule", "bpf_trace_run4", "__stop_runtime_ptr"]);
+        without_tracing_glue(&mut frames);
+        assert_eq!(frames, kernel(&["do_nanosleep", "schedule", "__schedule"]));
+        let mut sampled = kernel(&["asm_sysvec_apic_timer_interrupt", "irqentry_exit"]);
+        without_tracing_glue(&mut sampled);
+        assert_eq!(sampled.len(), 2, "stacks without glue stay whole");
+    }
+
+    #[test]
+    fn labels_go_under_the_process() {
+        let samples = [StackSample {
+            tgid: 42,
+            tid: 42,
+            user_stack_id: stack::LOST,
+            kernel_stack_id: stack::NONE,
+            comm: Some(*b"app\0\0\0\0\0\0\0\0\0\0\0\0\0"),
+            weight: 3,
+            tag: 0,
+        }];
+        let resolved = ResolvedStacks::default();
+        let profile = build(&samples, &resolved, &ProcessTable::new(), "us", |_, _| Some("[sleep]".into()));
+        assert_eq!(profile.stacks[0].process, "app");
+        assert_eq!(profile.stacks[0].frames, vec![marker("[sleep]"), marker(LOST_USER_STACK)]);
     }
 }

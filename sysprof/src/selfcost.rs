@@ -1,25 +1,97 @@
 //! sysprof's own cost: time in its BPF programs (kernel BPF statistics) and the CPU time and
 //! peak memory of its own process. Every report carries these: a profiler that hides its cost
 //! cannot be trusted about anyone else's.
+//!
+//! The kernel's statistics time every run of every BPF program on the machine, two clock reads
+//! per run: on a syscall-heavy target that costs more than sysprof's programs themselves. So
+//! they are on in windows ([`StatsWindows`]): a tenth of a second every two seconds, from the
+//! start. Runs and time are scaled by the share of the trace the windows covered.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::resource::{UsageWho, getrusage};
 
-use crate::{probes::ProgramCost, report::Overhead};
+use crate::{
+    probes::{Probes, ProgramCost},
+    report::Overhead,
+};
 
-/// The overhead section for a run of `duration` on `cpus` CPUs.
+const WINDOW: Duration = Duration::from_millis(100);
+const WINDOW_EVERY: Duration = Duration::from_secs(2);
+
+/// When the kernel's BPF statistics are on, and for how long they were.
+#[derive(Debug)]
+pub struct StatsWindows {
+    started: Instant,
+    on_since: Option<Instant>,
+    covered: Duration,
+    next_change: Instant,
+}
+
+impl StatsWindows {
+    /// Starts the first window.
+    pub fn start(probes: &mut Probes) -> Self {
+        let now = Instant::now();
+        probes.set_stats(true);
+        StatsWindows { started: now, on_since: Some(now), covered: Duration::ZERO, next_change: now + WINDOW }
+    }
+
+    /// Opens or closes a window when due.
+    pub fn tick(&mut self, probes: &mut Probes) {
+        let now = Instant::now();
+        if now < self.next_change {
+            return;
+        }
+        match self.on_since.take() {
+            Some(since) => {
+                probes.set_stats(false);
+                self.covered += now - since;
+                self.next_change = now + WINDOW_EVERY - WINDOW;
+            }
+            None => {
+                probes.set_stats(true);
+                self.on_since = Some(now);
+                self.next_change = now + WINDOW;
+            }
+        }
+    }
+
+    /// Closes the last window; returns the share of the trace the windows covered (0 to 1).
+    pub fn finish(&mut self, probes: &mut Probes) -> f64 {
+        let now = Instant::now();
+        if let Some(since) = self.on_since.take() {
+            self.covered += now - since;
+        }
+        probes.set_stats(false);
+        let total = now - self.started;
+        if total.is_zero() { 1.0 } else { (self.covered.as_secs_f64() / total.as_secs_f64()).min(1.0) }
+    }
+}
+
+/// The overhead section for a run of `duration` on `cpus` CPUs, from the programs' statistics
+/// measured over `coverage` of the run.
 pub fn overhead(
-    programs: Vec<ProgramCost>,
+    measured: Vec<ProgramCost>,
     stats_available: bool,
+    coverage: f64,
     duration: Duration,
     cpus: u32,
 ) -> Overhead {
+    let scale = if coverage > 0.0 { 1.0 / coverage } else { 0.0 };
+    let programs: Vec<ProgramCost> = measured
+        .into_iter()
+        .map(|p| ProgramCost {
+            program: p.program,
+            run_count: (p.run_count as f64 * scale).round() as u64,
+            run_time_ns: (p.run_time_ns as f64 * scale).round() as u64,
+        })
+        .collect();
     let bpf_time_ns: u64 = programs.iter().map(|p| p.run_time_ns).sum();
     let available_ns = duration.as_nanos() as f64 * f64::from(cpus.max(1));
     let (sysprof_cpu_s, sysprof_peak_rss_kib) = own_usage();
     Overhead {
         bpf_stats_available: stats_available,
+        bpf_stats_coverage: coverage,
         programs,
         bpf_time_ns,
         bpf_cpu_share: if available_ns > 0.0 { bpf_time_ns as f64 / available_ns } else { 0.0 },
@@ -36,5 +108,20 @@ pub fn own_usage() -> (f64, u64) {
             (seconds(usage.user_time()) + seconds(usage.system_time()), usage.max_rss() as u64)
         }
         Err(_) => (0.0, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measured_costs_scale_to_the_whole_run() {
+        let measured = vec![ProgramCost { program: "p".into(), run_count: 100, run_time_ns: 5_000 }];
+        let overhead = overhead(measured, true, 0.25, Duration::from_secs(2), 2);
+        assert_eq!(overhead.programs[0].run_count, 400);
+        assert_eq!(overhead.programs[0].run_time_ns, 20_000);
+        assert_eq!(overhead.bpf_time_ns, 20_000);
+        assert!((overhead.bpf_cpu_share - 20_000.0 / 4e9).abs() < 1e-12);
     }
 }

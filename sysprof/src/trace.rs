@@ -19,12 +19,15 @@ use crate::{
     launch::{self, GatedChild},
     output::{Artifact, OutputDir, thousands},
     privileges,
-    probes::{Counters, Probes},
+    probes::{
+        AttachedProbe, Counters, CpuSamples, DetachReport, Probes, ProgramCost, SchedDump, SyscallDump,
+    },
     procs::ProcessTable,
-    profile::{self, StackProfile},
+    profile::{self, ResolvedStacks, StackProfile},
     report::{self, Instrumentation, Lost, Report, RunSummary},
-    selfcost,
+    sched, selfcost,
     symbolize::Symbolizer,
+    syscalls,
     target::{self, ResolvedTarget},
 };
 
@@ -42,6 +45,10 @@ pub struct TraceOutcome {
 
 /// Number of hotspot rows in the report.
 const HOTSPOTS: usize = 25;
+/// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled, and the
+/// sampling ratio then.
+const SYSCALL_BURST: u32 = 32;
+const SYSCALL_SAMPLE_EVERY: u32 = 16;
 
 /// Runs one trace as configured and writes its results.
 pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
@@ -86,12 +93,12 @@ async fn preflight_and_run(config: TraceConfig, signals: Signals) -> anyhow::Res
             None
         }
     };
-    let bpf_config = kernel_config(&resolved, offsets);
+    let bpf_config = kernel_config(&config, &resolved, offsets);
     run(config, resolved, bpf_config, output, limitations, signals).await
 }
 
 /// The configuration baked into the BPF object.
-fn kernel_config(resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Config {
+fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Config {
     let offsets = offsets.unwrap_or_default();
     let (cgroup_id, cgroup_level) = resolved.cgroup.unwrap_or((0, 0));
     Config {
@@ -101,7 +108,19 @@ fn kernel_config(resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Con
         task_pid_offset: offsets.pid,
         task_tgid_offset: offsets.tgid,
         comm: resolved.comm,
+        start_ns: monotonic_ns(),
+        sched_stats: u32::from(config.wants(Family::Sched)),
+        syscall_burst: if config.time_every_syscall { 0 } else { SYSCALL_BURST },
+        syscall_sample_every: SYSCALL_SAMPLE_EVERY,
+        _pad: 0,
     }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
 }
 
 async fn run(
@@ -132,6 +151,16 @@ async fn run(
     };
     if config.wants(Family::Cpu) {
         probes.attach_cpu_sampling(config.event, config.frequency_hz)?;
+    }
+    // The switch program serves both: scheduler statistics, and parking syscalls in flight.
+    if config.wants(Family::Sched) || config.wants(Family::Syscalls) {
+        probes.attach_sched_switch()?;
+    }
+    if config.wants(Family::Sched) {
+        probes.attach_sched_wakeup()?;
+    }
+    if config.wants(Family::Syscalls) {
+        probes.attach_syscalls()?;
     }
     probes.attach_process_tracking()?;
     let events = probes.take_process_events()?;
@@ -171,8 +200,8 @@ async fn run(
         stop_when_targets_exit: matches!(config.target, Target::Pids(_)),
     };
     let is_command = plan.command_exit.is_some();
-    let (ended_by, elapsed) =
-        collect::collect(&probes, events, &mut processes, plan, &mut signals, &status).await?;
+    let collect::Collected { ended_by, elapsed, stats_coverage } =
+        collect::collect(&mut probes, events, &mut processes, plan, &mut signals, &status).await?;
     status.finish();
     let machine_busy_share =
         ticks_at_start.zip(CpuTicks::now()).and_then(|(start, end)| start.busy_share_until(&end));
@@ -197,87 +226,112 @@ async fn run(
         std::process::exit(130);
     });
 
-    let finish = Finish {
-        config,
-        probes,
-        processes,
-        output,
-        limitations,
+    let window = Window {
         started_at,
-        ended_by,
         elapsed,
+        end_ns: monotonic_ns(),
+        ended_by,
         is_command,
         machine_busy_share,
+        stats_coverage,
     };
+    let finish = Finish { config, probes, processes, output, limitations, window };
     tokio::task::spawn_blocking(move || finish.run()).await.context("writing the results")?
 }
 
-/// Everything the stages after collection need.
+/// When and how the trace ran.
+struct Window {
+    started_at: SystemTime,
+    elapsed: Duration,
+    /// CLOCK_MONOTONIC at the end, for threads still on a CPU then.
+    end_ns: u64,
+    ended_by: EndReason,
+    is_command: bool,
+    machine_busy_share: Option<f64>,
+    /// Share of the run the kernel's BPF statistics were on.
+    stats_coverage: f64,
+}
+
+/// Everything read out of the kernel before detaching.
+struct KernelData {
+    counters: Counters,
+    cpu: CpuSamples,
+    sched: Option<SchedDump>,
+    syscalls: Option<SyscallDump>,
+    costs: Vec<ProgramCost>,
+    stats_available: bool,
+    attached: Vec<AttachedProbe>,
+    detach: DetachReport,
+}
+
+/// The stages after collection: read out, detach, aggregate, symbolize, write.
 struct Finish {
     config: TraceConfig,
     probes: Probes,
     processes: ProcessTable,
     output: OutputDir,
     limitations: Vec<String>,
-    started_at: SystemTime,
-    ended_by: EndReason,
-    elapsed: Duration,
-    is_command: bool,
-    machine_busy_share: Option<f64>,
+    window: Window,
 }
 
 impl Finish {
     fn run(self) -> anyhow::Result<TraceOutcome> {
-        let Finish {
-            config,
-            probes,
-            mut processes,
-            output,
-            mut limitations,
-            started_at,
-            ended_by,
-            elapsed,
-            is_command,
-            machine_busy_share,
-        } = self;
-        // Read everything out of the kernel, then detach before the slow stages.
-        let counters = probes.counters()?;
-        let samples = probes.cpu_samples()?;
-        let costs = probes.costs();
-        let stats_available = probes.stats_available();
-        let attached = probes.attached().to_vec();
-        let detach = probes.detach();
+        let Finish { config, probes, mut processes, output, mut limitations, window } = self;
+        let kernel = read_out(&config, probes)?;
         processes.final_scan();
 
         // Aggregate and symbolize.
         let mut symbolizer = Symbolizer::new();
-        let cpu = profile::cpu_profile(&samples, &mut processes, &mut symbolizer);
+        let cpu = profile::cpu_profile(&kernel.cpu, &mut processes, &mut symbolizer);
+        let offcpu = kernel.sched.as_ref().map(|dump| offcpu_profile(dump, &mut processes, &mut symbolizer));
 
         // Write.
-        let title = format!("sysprof on-CPU: {}", config.target);
         let mut files = Vec::new();
         if config.wants(Family::Cpu) {
+            let title = format!("sysprof on-CPU: {}", config.target);
             files.extend(output.write(&Artifact::Stacks { name: "cpu", title: &title, profile: &cpu })?);
+        }
+        if let Some(offcpu) = &offcpu {
+            let title = format!("sysprof off-CPU (microseconds blocked): {}", config.target);
+            files.extend(output.write(&Artifact::Stacks {
+                name: "offcpu",
+                title: &title,
+                profile: offcpu,
+            })?);
         }
         files.extend(["report.md".to_string(), "report.json".to_string()]);
 
-        let (command_status, exit_code) = match &ended_by {
+        let lost = lost(&kernel.counters);
+        if lost.total() > 0 {
+            limitations.push(format!(
+                "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
+                thousands(lost.total())
+            ));
+        }
+        let (command_status, exit_code) = match &window.ended_by {
             EndReason::CommandExited(status) => {
                 let (text, code) = launch::describe_exit(*status);
                 (Some(text), code)
             }
-            _ if is_command => (Some("still running when the trace ended".to_string()), 0),
+            _ if window.is_command => (Some("still running when the trace ended".to_string()), 0),
             _ => (None, 0),
         };
-        let lost = lost(&counters);
-        if lost.total() > 0 {
-            limitations.push(format!(
-                "{} events were lost in the kernel (see Lost above): the shares are computed from what was kept",
-                thousands(lost.total())
-            ));
-        }
         let cpus = aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1);
+        let sched =
+            kernel.sched.as_ref().zip(offcpu.as_ref()).map(|(dump, offcpu)| {
+                sched::analyze(dump, offcpu, &processes, window.elapsed, window.end_ns)
+            });
+        let syscalls =
+            kernel.syscalls.as_ref().map(|dump| syscalls::analyze(dump, &processes, window.elapsed));
         let hotspots = report::hotspots(&cpu, HOTSPOTS);
+        let mut recommendations = report::cpu_recommendations(&cpu, &hotspots);
+        if let Some(sched) = &sched {
+            recommendations.extend(report::sched_recommendations(sched, cpus));
+        }
+        if let Some(syscalls) = &syscalls {
+            recommendations.extend(report::syscall_recommendations(syscalls));
+        }
+        recommendations.sort_by(|a, b| b.impact.total_cmp(&a.impact));
         let report = Report {
             sysprof_version: env!("CARGO_PKG_VERSION").into(),
             run: RunSummary {
@@ -288,24 +342,36 @@ impl Finish {
                     }
                     _ => None,
                 },
-                started_at: humantime::format_rfc3339_seconds(started_at).to_string(),
-                duration_s: elapsed.as_secs_f64(),
-                ended_by: ended_by.describe(),
-                command_status: command_status.clone(),
+                started_at: humantime::format_rfc3339_seconds(window.started_at).to_string(),
+                duration_s: window.elapsed.as_secs_f64(),
+                ended_by: window.ended_by.describe(),
+                command_status,
                 event: config.event,
                 frequency_hz: config.frequency_hz,
                 cpus,
-                machine_busy_share,
-                samples: counters.get(Counter::CpuSamples),
+                machine_busy_share: window.machine_busy_share,
+                samples: kernel.counters.get(Counter::CpuSamples),
                 lost: lost.clone(),
                 outputs: files.clone(),
             },
             processes: report::process_shares(&cpu),
-            recommendations: report::cpu_recommendations(&cpu, &hotspots),
             hotspots,
-            overhead: selfcost::overhead(costs, stats_available, elapsed, cpus),
+            sched,
+            syscalls,
+            recommendations,
+            overhead: selfcost::overhead(
+                kernel.costs,
+                kernel.stats_available,
+                window.stats_coverage,
+                window.elapsed,
+                cpus,
+            ),
             limitations,
-            instrumentation: Instrumentation { files_modified: Vec::new(), probes: attached, detach },
+            instrumentation: Instrumentation {
+                files_modified: Vec::new(),
+                probes: kernel.attached,
+                detach: kernel.detach,
+            },
         };
         output.write(&Artifact::Report(&report))?;
 
@@ -322,6 +388,34 @@ impl Finish {
     }
 }
 
+/// Reads every map the run filled, then detaches everything: the probes go before the slow
+/// stages (symbolization), and the detach is verified.
+fn read_out(config: &TraceConfig, probes: Probes) -> anyhow::Result<KernelData> {
+    let counters = probes.counters()?;
+    let cpu = probes.cpu_samples()?;
+    let sched = config.wants(Family::Sched).then(|| probes.sched()).transpose()?;
+    let syscalls = config.wants(Family::Syscalls).then(|| probes.syscalls()).transpose()?;
+    let costs = probes.costs();
+    let stats_available = probes.stats_available();
+    let attached = probes.attached().to_vec();
+    let detach = probes.detach();
+    Ok(KernelData { counters, cpu, sched, syscalls, costs, stats_available, attached, detach })
+}
+
+/// Off-CPU time by stack, weighted in microseconds, with why the thread was off CPU as the
+/// first frame under the process.
+fn offcpu_profile(
+    dump: &SchedDump,
+    processes: &mut ProcessTable,
+    symbolizer: &mut Symbolizer,
+) -> StackProfile {
+    let samples = sched::offcpu_samples(dump);
+    let resolved = ResolvedStacks::resolve(&samples, &dump.stacks, processes, symbolizer);
+    profile::build(&samples, &resolved, processes, "us", |sample, kernel| {
+        Some(format!("[{}]", sched::offcpu_reason(sample.tag, kernel)))
+    })
+}
+
 fn lost(counters: &Counters) -> Lost {
     Lost {
         samples: counters.get(Counter::CpuSamplesLost),
@@ -329,6 +423,9 @@ fn lost(counters: &Counters) -> Lost {
         kernel_stacks: counters.get(Counter::KernelStacksLost),
         process_events: counters.get(Counter::ProcessEventsLost),
         processes_not_followed: counters.get(Counter::TargetsFull),
+        syscalls: counters.get(Counter::SyscallsLost),
+        sched_events: counters.get(Counter::SchedLost),
+        offcpu_intervals: counters.get(Counter::OffCpuLost),
     }
 }
 

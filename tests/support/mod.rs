@@ -121,7 +121,16 @@ pub fn loaded_program_names() -> Vec<String> {
 }
 
 /// sysprof's program names, as the kernel lists them.
-pub const SYSPROF_PROGRAMS: [&str; 4] = ["cpu_sample", "process_fork", "process_exec", "process_exit"];
+pub const SYSPROF_PROGRAMS: [&str; 8] = [
+    "cpu_sample",
+    "process_fork",
+    "process_exec",
+    "process_exit",
+    "sched_switch",
+    "sched_wakeup",
+    "syscall_enter",
+    "syscall_exit",
+];
 
 /// Asserts no sysprof program is loaded (after a run has exited).
 pub fn assert_no_sysprof_programs() {

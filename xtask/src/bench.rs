@@ -2,9 +2,9 @@
 //! (perf, bpftrace) in one run. Configurations alternate round by round, so a noisy machine
 //! slows all of them alike; figures are medians, compared as ratios.
 //!
-//! The workloads time themselves (they print `elapsed_ns=N`), so a profiler's start-up and its
-//! writing of results are not counted as slowdown of the target; the whole command's wall time
-//! is shown beside it.
+//! The workloads time themselves (`elapsed_ns=N` or `ns_per_call=X` on stdout), so a tool's
+//! start-up and its writing of results are not counted as slowdown of the target; the whole
+//! command's wall time is shown beside it.
 
 use std::{
     path::{Path, PathBuf},
@@ -20,18 +20,22 @@ pub struct BenchArgs {
     #[arg(value_enum, default_value_t = Bench::Cpu)]
     bench: Bench,
     /// Rounds (each runs every configuration once)
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 7)]
     runs: usize,
-    /// Work per thread for the cpu benchmark (rounds of the busy loop, ~0.36 ms each)
-    #[arg(long, default_value_t = 5000)]
-    work: u64,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Bench {
-    /// A CPU-bound workload on every CPU: no tracing, sysprof and `perf record -g` at 99 and
-    /// 999 Hz
+    /// A CPU-bound workload on every CPU: no tracing, sysprof and `perf record -g` at 99 and 999 Hz
     Cpu,
+    /// A getppid loop: ns added per syscall by sysprof's syscall tracing and by the bpftrace
+    /// equivalent (raw_syscalls enter/exit, latency histogram by syscall id)
+    Syscalls,
+    /// Pipe ping-pong between two processes: ns added per round trip (four context switches) by
+    /// sysprof's scheduler tracing and by bpftrace on sched_switch
+    Sched,
+    /// All of the above
+    All,
 }
 
 /// One way to run the workload.
@@ -43,91 +47,220 @@ struct Config {
 /// Medians of one configuration.
 struct Measured {
     name: String,
-    /// The workload's own time, as it reports it.
-    elapsed_ns: f64,
-    /// The whole command, profiler start-up and results included.
+    /// What the workload reports of itself (ns in all, or ns per operation).
+    metric: f64,
+    /// The whole command, the tool's start-up and results included.
     wall_ns: f64,
 }
 
+/// bpftrace's equivalent of sysprof's syscall tracing: latency histogram per syscall id.
+const BPFTRACE_SYSCALLS: &str = "\
+tracepoint:raw_syscalls:sys_enter /pid == cpid/ { @start[tid] = nsecs; }
+tracepoint:raw_syscalls:sys_exit /@start[tid]/ { @lat[args->id] = hist(nsecs - @start[tid]); delete(@start[tid]); }
+";
+
+/// bpftrace on sched_switch doing sysprof's job for the ping-pong: switches by thread and by
+/// kernel and user stack at switch-out, off-CPU time per thread.
+const BPFTRACE_SCHED: &str = "\
+tracepoint:sched:sched_switch {
+  if (args->prev_comm == \"sysload\") { @switches[args->prev_pid, kstack, ustack] = count(); @start[args->prev_pid] = nsecs; }
+  if (args->next_comm == \"sysload\" && @start[args->next_pid]) {
+    @offcpu[args->next_pid] = sum(nsecs - @start[args->next_pid]); delete(@start[args->next_pid]);
+  }
+}
+";
+
 pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the benchmark loads BPF programs: run it as root (sudo -E env PATH=$PATH cargo xtask bench)");
     }
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
-    match args.bench {
-        Bench::Cpu => cpu(root, sysprof, &out, args),
+    let runner = Runner { root, sysprof, out: &out, runs: args.runs };
+    let all = args.bench == Bench::All;
+    if all || args.bench == Bench::Cpu {
+        runner.cpu()?;
     }
-}
-
-fn cpu(root: &Path, sysprof: &Path, out: &Path, args: &BenchArgs) -> anyhow::Result<()> {
-    let busy = build_workload(root, out, "busy")?;
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).to_string();
-    let workload = vec![busy.display().to_string(), "--work".into(), args.work.to_string(), threads.clone()];
-    let have_perf = tool_works("perf", &["--version"]);
-    let mut configs = vec![Config { name: "bare".into(), argv: workload.clone() }];
-    for hz in ["99", "999"] {
-        let results = out.join(format!("sysprof-{hz}"));
-        let mut sysprof_argv =
-            vec![sysprof.display().to_string(), "trace".into(), "-q".into(), "-F".into(), hz.into()];
-        sysprof_argv.extend(["-o".into(), results.display().to_string(), "--".into()]);
-        sysprof_argv.extend(workload.iter().cloned());
-        configs.push(Config { name: format!("sysprof {hz} Hz"), argv: sysprof_argv });
-        if have_perf {
-            let data = out.join(format!("perf-{hz}.data"));
-            let mut perf = vec![
-                "perf".into(),
-                "record".into(),
-                "-q".into(),
-                "-g".into(),
-                "-e".into(),
-                "cpu-clock".into(),
-            ];
-            perf.extend(["-F".into(), hz.into(), "-o".into(), data.display().to_string(), "--".into()]);
-            perf.extend(workload.iter().cloned());
-            configs.push(Config { name: format!("perf record -g {hz} Hz"), argv: perf });
-        }
+    if all || args.bench == Bench::Syscalls {
+        runner.syscalls()?;
     }
-    if !have_perf {
-        eprintln!(
-            "bench: perf is not installed (apt-get install linux-perf): comparing with no tracing only"
-        );
-    }
-    println!(
-        "cpu: busy --work {} on {threads} threads (every CPU), {} rounds, medians",
-        args.work, args.runs
-    );
-    let measured = measure(&configs, args.runs)?;
-    let bare = measured[0].elapsed_ns;
-    println!("{:<22} {:>12} {:>10} {:>12}", "configuration", "workload", "vs bare", "whole cmd");
-    for m in &measured {
-        println!(
-            "{:<22} {:>10.3} s {:>10.4} {:>10.3} s",
-            m.name,
-            m.elapsed_ns / 1e9,
-            m.elapsed_ns / bare,
-            m.wall_ns / 1e9
-        );
-    }
-    for hz in ["99", "999"] {
-        let find = |name: &str| measured.iter().find(|m| m.name == name).map(|m| m.elapsed_ns);
-        if let (Some(ours), Some(perf)) =
-            (find(&format!("sysprof {hz} Hz")), find(&format!("perf record -g {hz} Hz")))
-        {
-            println!(
-                "{hz} Hz: sysprof adds {:+.2}% to the workload, perf record -g {:+.2}%; sysprof/perf time ratio {:.4}",
-                (ours / bare - 1.0) * 100.0,
-                (perf / bare - 1.0) * 100.0,
-                ours / perf
-            );
-        }
+    if all || args.bench == Bench::Sched {
+        runner.sched()?;
     }
     Ok(())
 }
 
+struct Runner<'a> {
+    root: &'a Path,
+    sysprof: &'a Path,
+    out: &'a Path,
+    runs: usize,
+}
+
+impl Runner<'_> {
+    fn cpu(&self) -> anyhow::Result<()> {
+        let busy = build_workload(self.root, self.out, "busy")?;
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).to_string();
+        let workload = vec![busy.display().to_string(), "--work".into(), "5000".into(), threads.clone()];
+        let have_perf = tool_works("perf", &["--version"]);
+        let mut configs = vec![Config { name: "bare".into(), argv: workload.clone() }];
+        for hz in ["99", "999"] {
+            configs.push(self.sysprof_config(
+                &format!("sysprof {hz} Hz"),
+                &["--focus", "cpu", "-F", hz],
+                &workload,
+            ));
+            if have_perf {
+                let data = self.out.join(format!("perf-{hz}.data")).display().to_string();
+                let mut perf: Vec<String> =
+                    ["perf", "record", "-q", "-g", "-e", "cpu-clock", "-F", hz, "-o", &data, "--"]
+                        .map(String::from)
+                        .into();
+                perf.extend(workload.iter().cloned());
+                configs.push(Config { name: format!("perf record -g {hz} Hz"), argv: perf });
+            }
+        }
+        if !have_perf {
+            eprintln!(
+                "bench: perf is not installed (apt-get install linux-perf): comparing with no tracing only"
+            );
+        }
+        println!("\ncpu: busy --work 5000 on {threads} threads (every CPU), {} rounds, medians", self.runs);
+        let measured = measure(&configs, self.runs, "elapsed_ns")?;
+        print_table(&measured, "workload", |m| format!("{:.3} s", m / 1e9));
+        let bare = measured[0].metric;
+        for hz in ["99", "999"] {
+            if let (Some(ours), Some(perf)) = (
+                find(&measured, &format!("sysprof {hz} Hz")),
+                find(&measured, &format!("perf record -g {hz} Hz")),
+            ) {
+                println!(
+                    "{hz} Hz: sysprof {:.4}x no tracing, perf record -g {:.4}x; sysprof/perf {:.4}",
+                    ours / bare,
+                    perf / bare,
+                    ours / perf
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn syscalls(&self) -> anyhow::Result<()> {
+        let sysload = build_workload(self.root, self.out, "sysload")?;
+        let workload = vec![sysload.display().to_string(), "getppid".into(), "2000000".into()];
+        let mut configs = vec![
+            Config { name: "bare".into(), argv: workload.clone() },
+            self.sysprof_config("sysprof", &["--focus", "syscalls"], &workload),
+            self.sysprof_config(
+                "sysprof --time-every-syscall",
+                &["--focus", "syscalls", "--time-every-syscall"],
+                &workload,
+            ),
+        ];
+        configs.extend(self.bpftrace_config(BPFTRACE_SYSCALLS, &workload)?);
+        println!("\nsyscalls: getppid x 2,000,000, {} rounds, medians", self.runs);
+        let measured = measure(&configs, self.runs, "ns_per_call")?;
+        print_added(&measured, "ns per syscall");
+        Ok(())
+    }
+
+    fn sched(&self) -> anyhow::Result<()> {
+        let sysload = build_workload(self.root, self.out, "sysload")?;
+        let workload = vec![sysload.display().to_string(), "pingpong".into(), "100000".into()];
+        let mut configs = vec![
+            Config { name: "bare".into(), argv: workload.clone() },
+            self.sysprof_config("sysprof --focus sched", &["--focus", "sched"], &workload),
+        ];
+        configs.extend(self.bpftrace_config(BPFTRACE_SCHED, &workload)?);
+        println!(
+            "\nsched: pipe ping-pong x 100,000 round trips (4 switches each), {} rounds, medians",
+            self.runs
+        );
+        let measured = measure(&configs, self.runs, "ns_per_call")?;
+        print_added(&measured, "ns per round trip");
+        Ok(())
+    }
+
+    fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {
+        let results = self.out.join(name.replace([' ', '-'], "_")).display().to_string();
+        let mut argv =
+            vec![self.sysprof.display().to_string(), "trace".into(), "-q".into(), "-o".into(), results];
+        argv.extend(options.iter().map(|o| o.to_string()));
+        argv.push("--".into());
+        argv.extend(workload.iter().cloned());
+        Config { name: name.into(), argv }
+    }
+
+    /// bpftrace running `script` around the workload, when bpftrace is installed. Its
+    /// tracepoints need tracefs, which is mounted here when missing (the bench runs as root).
+    fn bpftrace_config(&self, script: &str, workload: &[String]) -> anyhow::Result<Option<Config>> {
+        if !tool_works("bpftrace", &["--version"]) {
+            eprintln!("bench: bpftrace is not installed (apt-get install bpftrace): no bpftrace comparison");
+            return Ok(None);
+        }
+        if !Path::new("/sys/kernel/tracing/events").exists() {
+            eprintln!("bench: mounting tracefs at /sys/kernel/tracing for bpftrace's tracepoints");
+            crate::run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))?;
+        }
+        let path = self.out.join(format!("script-{}.bt", script.len()));
+        std::fs::write(&path, script)?;
+        Ok(Some(Config {
+            name: "bpftrace".into(),
+            argv: vec![
+                "bpftrace".into(),
+                "-q".into(),
+                "-c".into(),
+                workload.join(" "),
+                path.display().to_string(),
+            ],
+        }))
+    }
+}
+
+fn find(measured: &[Measured], name: &str) -> Option<f64> {
+    measured.iter().find(|m| m.name == name).map(|m| m.metric)
+}
+
+fn print_table(measured: &[Measured], metric: &str, format: impl Fn(f64) -> String) {
+    let bare = measured[0].metric;
+    println!("{:<30} {:>14} {:>10} {:>12}", "configuration", metric, "vs bare", "whole cmd");
+    for m in measured {
+        println!(
+            "{:<30} {:>14} {:>10.4} {:>10.3} s",
+            m.name,
+            format(m.metric),
+            m.metric / bare,
+            m.wall_ns / 1e9
+        );
+    }
+}
+
+/// The per-operation table, with what each tool adds and sysprof's share of bpftrace's.
+fn print_added(measured: &[Measured], unit: &str) {
+    print_table(measured, unit, |m| format!("{m:.1}"));
+    let bare = measured[0].metric;
+    let added = |name: &str| find(measured, name).map(|m| m - bare);
+    let bpftrace = added("bpftrace");
+    for m in &measured[1..] {
+        if m.name == "bpftrace" {
+            continue;
+        }
+        let ours = m.metric - bare;
+        match bpftrace {
+            Some(theirs) if theirs > 0.0 => println!(
+                "{}: adds {ours:.1} {unit}; bpftrace adds {theirs:.1}; ratio {:.3}",
+                m.name,
+                ours / theirs
+            ),
+            _ => println!("{}: adds {ours:.1} {unit}", m.name),
+        }
+    }
+}
+
 /// Runs every configuration `runs` times, alternating the order each round.
-fn measure(configs: &[Config], runs: usize) -> anyhow::Result<Vec<Measured>> {
-    let mut elapsed: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+fn measure(configs: &[Config], runs: usize, metric: &str) -> anyhow::Result<Vec<Measured>> {
+    let mut values: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..runs {
         let mut order: Vec<usize> = (0..configs.len()).collect();
@@ -135,8 +268,8 @@ fn measure(configs: &[Config], runs: usize) -> anyhow::Result<Vec<Measured>> {
             order.reverse();
         }
         for index in order {
-            let (workload_ns, wall_ns) = run_once(&configs[index])?;
-            elapsed[index].push(workload_ns);
+            let (value, wall_ns) = run_once(&configs[index], metric)?;
+            values[index].push(value);
             wall[index].push(wall_ns);
         }
         eprint!("\rbench: round {}/{runs}", round + 1);
@@ -147,14 +280,14 @@ fn measure(configs: &[Config], runs: usize) -> anyhow::Result<Vec<Measured>> {
         .enumerate()
         .map(|(i, config)| Measured {
             name: config.name.clone(),
-            elapsed_ns: median(&mut elapsed[i]),
+            metric: median(&mut values[i]),
             wall_ns: median(&mut wall[i]),
         })
         .collect())
 }
 
-/// Runs one configuration; returns the workload's own `elapsed_ns` and the command's wall time.
-fn run_once(config: &Config) -> anyhow::Result<(f64, f64)> {
+/// Runs one configuration; returns the workload's own figure and the command's wall time.
+fn run_once(config: &Config, metric: &str) -> anyhow::Result<(f64, f64)> {
     let started = Instant::now();
     let output = Command::new(&config.argv[0])
         .args(&config.argv[1..])
@@ -167,12 +300,13 @@ fn run_once(config: &Config) -> anyhow::Result<(f64, f64)> {
         bail!("{} failed: {}", config.name, String::from_utf8_lossy(&output.stderr));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let elapsed = stdout
+    let prefix = format!("{metric}=");
+    let value = stdout
         .lines()
-        .find_map(|line| line.strip_prefix("elapsed_ns="))
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
         .and_then(|value| value.trim().parse::<f64>().ok())
-        .with_context(|| format!("{} printed no elapsed_ns: {stdout}", config.name))?;
-    Ok((elapsed, wall))
+        .with_context(|| format!("{} printed no {metric}: {stdout}", config.name))?;
+    Ok((value, wall))
 }
 
 fn median(values: &mut [f64]) -> f64 {

@@ -4,7 +4,12 @@
 use std::{fmt::Write as _, path::Path};
 
 use super::{Artifact, Sink, write_file};
-use crate::report::Report;
+use crate::{latency::format_ns, report::Report};
+
+/// Rows in the syscall table (report.json has them all).
+const SYSCALL_ROWS: usize = 25;
+/// Processes whose threads are listed.
+const THREAD_TABLES: usize = 3;
 
 pub struct MarkdownReport;
 
@@ -26,6 +31,8 @@ pub fn render(report: &Report) -> String {
     run_summary(&mut out, report);
     recommendations(&mut out, report);
     cpu(&mut out, report);
+    sched(&mut out, report);
+    syscalls(&mut out, report);
     overhead(&mut out, report);
     limitations(&mut out, report);
     part_b(&mut out, report);
@@ -63,12 +70,16 @@ fn run_summary(out: &mut String, report: &Report) {
         vec![
             "Lost".into(),
             format!(
-                "{} samples, {} user stacks, {} kernel stacks, {} process events, {} processes not followed",
+                "{} samples, {} user stacks, {} kernel stacks, {} process events, {} processes not followed, \
+                 {} syscalls, {} scheduler events, {} off-CPU intervals",
                 run.lost.samples,
                 run.lost.user_stacks,
                 run.lost.kernel_stacks,
                 run.lost.process_events,
-                run.lost.processes_not_followed
+                run.lost.processes_not_followed,
+                run.lost.syscalls,
+                run.lost.sched_events,
+                run.lost.offcpu_intervals
             ),
         ],
         vec!["Files".into(), run.outputs.join(", ")],
@@ -133,6 +144,160 @@ fn cpu(out: &mut String, report: &Report) {
     table(out, &["Function", "Module", "Self %", "Self", "Total %", "Total"], &rows);
 }
 
+fn sched(out: &mut String, report: &Report) {
+    let Some(sched) = &report.sched else { return };
+    let _ = writeln!(out, "### CPU overhead: scheduling\n");
+    let _ = writeln!(
+        out,
+        "Utilization is CPU time over wall time (above 1 when threads run in parallel); all target \
+         processes together: {:.2}. Voluntary switches are waits (sleep, I/O, locks); involuntary ones \
+         are preemptions. Run-queue latency is the time from runnable to running.\n",
+        sched.utilization
+    );
+    let rows: Vec<Vec<String>> = sched
+        .processes
+        .iter()
+        .map(|p| {
+            let runq = p
+                .runq_latency
+                .map(|r| format!("{} / {}", format_ns(r.p50_ns), format_ns(r.p99_ns)))
+                .unwrap_or_else(|| "-".into());
+            let reasons: Vec<String> = p
+                .offcpu_by_reason
+                .iter()
+                .take(3)
+                .map(|r| format!("{} {}", r.reason, format_ns((r.seconds * 1e9) as u64)))
+                .collect();
+            vec![
+                escape(&p.name),
+                p.pid.to_string(),
+                p.threads.to_string(),
+                format!("{:.2} s", p.cpu_time_s),
+                format!("{:.2} s", p.wall_s),
+                format!("{:.2}", p.utilization),
+                format!("{} ({:.0}/s)", thousands(p.voluntary_switches), p.voluntary_per_s),
+                format!("{} ({:.0}/s)", thousands(p.involuntary_switches), p.involuntary_per_s),
+                runq,
+                format!(
+                    "{}: {}",
+                    format_ns((p.offcpu_s * 1e9) as u64),
+                    if reasons.is_empty() { "-".into() } else { reasons.join(", ") }
+                ),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "Process",
+            "PID",
+            "Threads",
+            "CPU time",
+            "Wall",
+            "Utilization",
+            "Voluntary",
+            "Involuntary",
+            "Run queue p50 / p99",
+            "Off-CPU (by reason)",
+        ],
+        &rows,
+    );
+    for process in sched.processes.iter().take(THREAD_TABLES).filter(|p| p.threads > 1) {
+        let _ = writeln!(out, "Busiest threads of {} ({}):\n", escape(&process.name), process.pid);
+        let rows: Vec<Vec<String>> = process
+            .top_threads
+            .iter()
+            .map(|t| {
+                vec![
+                    escape(&t.name),
+                    t.tid.to_string(),
+                    format!("{:.2} s", t.cpu_time_s),
+                    format!("{:.2}", t.utilization),
+                    thousands(t.voluntary_switches),
+                    thousands(t.involuntary_switches),
+                    format!("{:.2} s", t.offcpu_s),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &["Thread", "TID", "CPU time", "Utilization", "Voluntary", "Involuntary", "Off-CPU"],
+            &rows,
+        );
+    }
+    if !sched.top_offcpu.is_empty() {
+        let _ = writeln!(out, "### Off-CPU: the longest waits\n");
+        let _ = writeln!(
+            out,
+            "Where target threads waited, by stack (offcpu.svg has them all, in microseconds).\n"
+        );
+        let rows: Vec<Vec<String>> = sched
+            .top_offcpu
+            .iter()
+            .map(|s| {
+                let tail: Vec<&str> = s.frames.iter().rev().take(4).rev().map(String::as_str).collect();
+                vec![
+                    escape(&s.process),
+                    s.reason.clone(),
+                    format_ns((s.seconds * 1e9) as u64),
+                    s.blocked_in.as_deref().map(|f| format!("`{}`", escape(f))).unwrap_or_else(|| "-".into()),
+                    escape(&tail.join(" > ")),
+                ]
+            })
+            .collect();
+        table(out, &["Process", "Reason", "Time", "Blocked in", "Innermost frames"], &rows);
+    }
+}
+
+fn syscalls(out: &mut String, report: &Report) {
+    let Some(syscalls) = &report.syscalls else { return };
+    let _ = writeln!(out, "### Syscalls\n");
+    let _ = writeln!(
+        out,
+        "{} calls, {} failed, {:.3} s in all. % of wall is the time in the syscall over the trace's wall \
+         time (threads add up). Counts and errors are exact; {} of the calls were timed one by one, the \
+         others' latency was sampled in bursts (see --time-every-syscall).\n",
+        thousands(syscalls.calls),
+        thousands(syscalls.errors),
+        syscalls.total_ns as f64 / 1e9,
+        percent(if syscalls.calls == 0 { 1.0 } else { syscalls.timed as f64 / syscalls.calls as f64 })
+    );
+    let rows: Vec<Vec<String>> = syscalls
+        .rows
+        .iter()
+        .take(SYSCALL_ROWS)
+        .map(|r| {
+            let errors = if r.errors == 0 {
+                "0".to_string()
+            } else {
+                let by: Vec<String> =
+                    r.errnos.iter().take(3).map(|e| format!("{} {}", e.errno, thousands(e.count))).collect();
+                format!("{} ({})", thousands(r.errors), by.join(", "))
+            };
+            vec![
+                escape(&r.process),
+                format!("`{}`", r.syscall),
+                thousands(r.calls),
+                errors,
+                format_ns(r.latency.total_ns),
+                format_ns(r.latency.p50_ns),
+                format_ns(r.latency.p90_ns),
+                format_ns(r.latency.p99_ns),
+                format_ns(r.latency.max_ns),
+                percent(r.share_of_wall),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &["Process", "Syscall", "Calls", "Errors", "Total", "p50", "p90", "p99", "Max", "% of wall"],
+        &rows,
+    );
+    if syscalls.rows.len() > SYSCALL_ROWS {
+        let _ = writeln!(out, "{} more rows in report.json.\n", syscalls.rows.len() - SYSCALL_ROWS);
+    }
+}
+
 fn overhead(out: &mut String, report: &Report) {
     let cost = &report.overhead;
     let _ = writeln!(out, "### sysprof's own cost\n");
@@ -153,9 +318,12 @@ fn overhead(out: &mut String, report: &Report) {
         table(out, &["BPF program", "Runs", "Total time", "Per run"], &rows);
         let _ = writeln!(
             out,
-            "BPF programs: {:.3} ms in all, {:.4}% of the CPU time available during the run.",
+            "BPF programs: {:.3} ms in all, {:.4}% of the CPU time available during the run. The kernel \
+             timed them during {:.0}% of the run (its statistics cost two clock reads per run, so they are \
+             on in windows); runs and times are scaled to the whole run.",
             cost.bpf_time_ns as f64 / 1e6,
-            cost.bpf_cpu_share * 100.0
+            cost.bpf_cpu_share * 100.0,
+            cost.bpf_stats_coverage * 100.0
         );
     } else {
         let _ = writeln!(out, "The kernel keeps no BPF run-time statistics here (kernel.bpf_stats_enabled).");

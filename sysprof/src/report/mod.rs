@@ -8,11 +8,13 @@ use serde::Serialize;
 
 pub use self::{
     hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
-    recommend::cpu_recommendations,
+    recommend::{cpu_recommendations, sched_recommendations, syscall_recommendations},
 };
 use crate::{
     config::SampleEvent,
     probes::{AttachedProbe, DetachReport, ProgramCost},
+    sched::SchedReport,
+    syscalls::SyscallReport,
 };
 
 /// Everything a run found, in the order the report presents it.
@@ -24,6 +26,10 @@ pub struct Report {
     pub processes: Vec<ProcessShare>,
     /// Functions by self share of on-CPU samples.
     pub hotspots: Vec<Hotspot>,
+    /// CPU overhead: scheduling per process (None when the scheduler was not traced).
+    pub sched: Option<SchedReport>,
+    /// Syscalls per process (None when syscalls were not traced).
+    pub syscalls: Option<SyscallReport>,
     /// Ranked by expected impact, largest first.
     pub recommendations: Vec<Recommendation>,
     pub overhead: Overhead,
@@ -69,6 +75,12 @@ pub struct Lost {
     pub process_events: u64,
     /// Child processes not followed because the target set was full.
     pub processes_not_followed: u64,
+    /// Syscalls not counted because the syscall map was full.
+    pub syscalls: u64,
+    /// Scheduler events not counted (map full or no task storage).
+    pub sched_events: u64,
+    /// Off-CPU intervals not counted because the off-CPU map was full.
+    pub offcpu_intervals: u64,
 }
 
 impl Lost {
@@ -78,6 +90,9 @@ impl Lost {
             + self.kernel_stacks
             + self.process_events
             + self.processes_not_followed
+            + self.syscalls
+            + self.sched_events
+            + self.offcpu_intervals
     }
 }
 
@@ -95,6 +110,7 @@ pub struct Recommendation {
 /// sysprof's own cost during the run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Overhead {
+    /// Per program: runs and run time, estimated for the whole run from the sampled windows.
     pub programs: Vec<ProgramCost>,
     /// Time spent in sysprof's BPF programs, all CPUs together.
     pub bpf_time_ns: u64,
@@ -105,6 +121,8 @@ pub struct Overhead {
     pub sysprof_peak_rss_kib: u64,
     /// False where the kernel refused to keep BPF run-time statistics.
     pub bpf_stats_available: bool,
+    /// Share of the run the statistics were on for; runs and times above are scaled up from it.
+    pub bpf_stats_coverage: f64,
 }
 
 /// Part B: the changelog of what sysprof did to the system.

@@ -1,0 +1,238 @@
+//! The scheduler: per thread, voluntary and involuntary switches and on/off-CPU time; per
+//! process, run-queue latency (runnable to running); off-CPU time by the stacks and state a
+//! thread left the CPU with (offcputime, aggregated in the kernel).
+//!
+//! tp_btf gives typed task pointers, which task local storage needs: the per-task state is found
+//! without any hash lookup, and tasks that are not targets cost one storage lookup per switch.
+//!
+//! The same program parks a thread's syscall in flight when it leaves the CPU (syscalls.rs), so
+//! it is attached whenever syscalls are traced; `Config::sched_stats` turns the rest on.
+
+use aya_ebpf::{
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, task_struct},
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, map},
+    maps::{Array, HashMap},
+    programs::{BtfTracePointContext, tracing::StackIdContext as _},
+};
+use sysprof_common::{
+    Counter, LatencyHistogram, OffCpuKey, OffCpuValue, TASK_COMM_LEN, TASK_REPORT_MAX, ThreadSched, capacity,
+    stack,
+};
+
+use crate::{
+    atomic,
+    config::config,
+    counters,
+    histogram::record,
+    maps::STACKS,
+    syscalls, target,
+    task_state::{TARGET, TASK_STATE, TaskState},
+};
+
+#[map]
+static THREAD_SCHED: HashMap<u32, ThreadSched> = HashMap::with_max_entries(capacity::THREAD_SCHED, 0);
+
+#[map]
+static RUNQ_LATENCY: HashMap<u32, LatencyHistogram> =
+    HashMap::with_max_entries(capacity::RUNQ_LATENCY, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+#[map]
+static OFFCPU: HashMap<OffCpuKey, OffCpuValue> = HashMap::with_max_entries(capacity::OFFCPU, 0);
+
+/// A zeroed histogram to insert from: too big for the BPF stack.
+#[map]
+static ZERO_HISTOGRAM: Array<LatencyHistogram> = Array::with_max_entries(1, 0);
+
+/// -EFAULT: no stack of the asked kind.
+const EFAULT: i32 = -14;
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state)`, run by `prev` (still current).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let prev: *mut task_struct = ctx.arg(1);
+    let next: *mut task_struct = ctx.arg(2);
+    let prev_state = ctx.arg::<u64>(3) as u32;
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    switch_out(&ctx, prev, prev_state, now);
+    switch_in(next, now);
+    0
+}
+
+#[inline(always)]
+fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u32, now: u64) {
+    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+    syscalls::park_in_flight(tid, prev, now);
+    if config().sched_stats == 0 {
+        return;
+    }
+    let Some(state) = TASK_STATE.get(prev, true) else {
+        counters::add(Counter::SchedLost, 1);
+        return;
+    };
+    if !target::decide_current(state) {
+        return;
+    }
+    // Preempted while runnable (0), or inside the kernel (TASK_REPORT_MAX): involuntary.
+    let involuntary = prev_state == 0 || prev_state == TASK_REPORT_MAX;
+    let since = if state.switched_in_ns != 0 { state.switched_in_ns } else { config().start_ns };
+    if let Some(thread) = thread_sched(state, true) {
+        thread.oncpu_ns += now.saturating_sub(since);
+        if involuntary {
+            thread.involuntary += 1;
+        } else {
+            thread.voluntary += 1;
+        }
+        thread.on_cpu = 0;
+        // Named once, at its first switch-out (it is current then).
+        if thread.comm[0] == 0
+            && let Ok(comm) = bpf_get_current_comm()
+        {
+            thread.comm = comm;
+        }
+    }
+    state.switched_out_ns = now;
+    state.offcpu_state = prev_state;
+    state.runnable_since_ns = if involuntary { now } else { 0 };
+    state.offcpu_user_stack = stack_id(ctx, BPF_F_USER_STACK as u64);
+    state.offcpu_kernel_stack = stack_id(ctx, 0);
+}
+
+#[inline(always)]
+fn switch_in(next: *mut task_struct, now: u64) {
+    if config().sched_stats == 0 {
+        return;
+    }
+    let Some(state) = TASK_STATE.get(next, true) else {
+        counters::add(Counter::SchedLost, 1);
+        return;
+    };
+    state.switched_in_ns = now;
+    if state.target != TARGET {
+        return;
+    }
+    let off_since = state.switched_out_ns;
+    state.switched_out_ns = 0;
+    if off_since != 0 {
+        let off = now.saturating_sub(off_since);
+        add_offcpu(state, off);
+        if let Some(thread) = thread_sched(state, false) {
+            thread.offcpu_ns += off;
+        }
+    }
+    if state.runnable_since_ns != 0 {
+        record_runq(state.tgid, now.saturating_sub(state.runnable_since_ns));
+        state.runnable_since_ns = 0;
+    }
+    if let Some(thread) = thread_sched(state, true) {
+        thread.on_cpu = 1;
+        thread.last_switch_in_ns = now;
+    }
+}
+
+/// `sched_wakeup(struct task_struct *p)`: a sleeping target becomes runnable.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
+    let task: *mut task_struct = ctx.arg(0);
+    if let Some(state) = TASK_STATE.get(task, false)
+        && state.target == TARGET
+        && state.runnable_since_ns == 0
+    {
+        // SAFETY: plain helper call.
+        state.runnable_since_ns = unsafe { bpf_ktime_get_ns() };
+    }
+    0
+}
+
+#[inline(always)]
+fn stack_id(ctx: &BtfTracePointContext, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(EFAULT) => stack::NONE,
+        Err(_) => {
+            let lost = if flags == 0 { Counter::KernelStacksLost } else { Counter::UserStacksLost };
+            counters::add(lost, 1);
+            stack::LOST
+        }
+    }
+}
+
+/// The thread's statistics, created (when `create`) with its process id.
+#[inline(always)]
+fn thread_sched(state: &TaskState, create: bool) -> Option<&'static mut ThreadSched> {
+    if let Some(thread) = THREAD_SCHED.get_ptr_mut(state.tid) {
+        // SAFETY: map values stay valid for the program's run; only the CPU switching this
+        // thread touches its entry, so plain updates suffice.
+        return Some(unsafe { &mut *thread });
+    }
+    if !create {
+        return None;
+    }
+    let fresh = ThreadSched {
+        tgid: state.tgid,
+        on_cpu: 0,
+        voluntary: 0,
+        involuntary: 0,
+        oncpu_ns: 0,
+        offcpu_ns: 0,
+        last_switch_in_ns: 0,
+        comm: [0; TASK_COMM_LEN],
+    };
+    if THREAD_SCHED.insert(state.tid, fresh, BPF_NOEXIST as u64).is_err() {
+        counters::add(Counter::SchedLost, 1);
+        return None;
+    }
+    // SAFETY: as above.
+    THREAD_SCHED.get_ptr_mut(state.tid).map(|thread| unsafe { &mut *thread })
+}
+
+#[inline(always)]
+fn add_offcpu(state: &TaskState, off: u64) {
+    let key = OffCpuKey {
+        tgid: state.tgid,
+        state: state.offcpu_state,
+        user_stack_id: state.offcpu_user_stack,
+        kernel_stack_id: state.offcpu_kernel_stack,
+    };
+    if let Some(value) = OFFCPU.get_ptr_mut(key) {
+        // SAFETY: map value pointers are valid and 8-byte aligned for the program's run.
+        unsafe {
+            atomic::add(&raw mut (*value).total_ns, off);
+            atomic::add(&raw mut (*value).count, 1);
+        }
+        return;
+    }
+    let fresh = OffCpuValue { total_ns: off, count: 1 };
+    if OFFCPU.insert(key, fresh, BPF_NOEXIST as u64).is_err() {
+        match OFFCPU.get_ptr_mut(key) {
+            // SAFETY: as above.
+            Some(value) => unsafe {
+                atomic::add(&raw mut (*value).total_ns, off);
+                atomic::add(&raw mut (*value).count, 1);
+            },
+            None => counters::add(Counter::OffCpuLost, 1),
+        }
+    }
+}
+
+#[inline(always)]
+fn record_runq(tgid: u32, latency: u64) {
+    let hist = match RUNQ_LATENCY.get_ptr_mut(tgid) {
+        Some(hist) => hist,
+        None => {
+            let Some(zero) = ZERO_HISTOGRAM.get(0) else { return };
+            let _ = RUNQ_LATENCY.insert(tgid, zero, BPF_NOEXIST as u64);
+            match RUNQ_LATENCY.get_ptr_mut(tgid) {
+                Some(hist) => hist,
+                None => {
+                    counters::add(Counter::SchedLost, 1);
+                    return;
+                }
+            }
+        }
+    };
+    // SAFETY: map value pointer valid for the program's run.
+    record(unsafe { &mut *hist }, latency);
+}

@@ -1,0 +1,218 @@
+//! Syscalls: exact counts and errors by errno, and latency histograms, per process and syscall,
+//! aggregated in the kernel (nothing per call goes to userspace).
+//!
+//! The hot path is built around what a call costs here, not what is convenient:
+//! - the call in flight lives in a per-CPU slot (an inlined array access), not in a per-thread
+//!   map; a thread that leaves the CPU mid-call has it parked in its task local storage by the
+//!   context-switch program, so blocking calls are timed like any other;
+//! - whether a process is a target is cached per CPU (`target::is_current_target_cached`);
+//! - counts of untimed calls add up in a small per-CPU cache (`PendingCount`, four entries keyed
+//!   by syscall number) and reach the shared map when an entry is evicted; userspace adds what
+//!   is still pending at the end. A loop of the same few syscalls touches no hash map;
+//! - the clock is the most expensive thing left (about 45 ns a read in a VM), so a thread making
+//!   more than `syscall_burst` calls in one stretch on a CPU (without leaving it) has 1 call in
+//!   `syscall_sample_every` timed (chosen at random, weighted accordingly). Counts and errors
+//!   stay exact, and a call that was not sampled but then blocks is timed from the moment it
+//!   left the CPU, so slow calls are never missed.
+//!
+//! tp_btf on the raw syscall tracepoints: no tracefs, no perf-event indirection.
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    macros::{btf_tracepoint, map},
+    maps::{Array, HashMap, PerCpuArray},
+    programs::BtfTracePointContext,
+};
+use sysprof_common::{
+    Counter, InFlight, PENDING_COUNTS, SyscallErrorKey, SyscallKey, SyscallSlot as Slot, SyscallStats,
+    capacity,
+};
+
+use crate::{atomic, config::config, counters, histogram::record_weighted, target, task_state::TASK_STATE};
+
+#[map]
+static SYSCALLS: HashMap<SyscallKey, SyscallStats> =
+    HashMap::with_max_entries(capacity::SYSCALLS, BPF_F_NO_PREALLOC);
+
+#[map]
+static SYSCALL_ERRORS: HashMap<SyscallErrorKey, u64> = HashMap::with_max_entries(capacity::SYSCALL_ERRORS, 0);
+
+/// A zeroed value to insert from: too big for the BPF stack.
+#[map]
+static ZERO_SYSCALL_STATS: Array<SyscallStats> = Array::with_max_entries(1, 0);
+
+/// The call in flight on each CPU, and how many calls its thread made in this stretch.
+#[map]
+static SYSCALL_SLOT: PerCpuArray<Slot> = PerCpuArray::with_max_entries(1, 0);
+
+/// Highest errno a syscall returns (-4095..-1 are errors).
+const MAX_ERRNO: i64 = 4095;
+
+/// `sys_enter(struct pt_regs *regs, long id)`
+#[btf_tracepoint(function = "sys_enter")]
+pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !target::is_current_target_cached(tgid) {
+        return 0;
+    }
+    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: the per-CPU slot is only used by programs on this CPU, which do not nest.
+    let slot = unsafe { &mut *slot };
+    let tid = pid_tgid as u32;
+    if slot.tid != tid {
+        slot.tid = tid;
+        slot.stretch_calls = 0;
+    }
+    slot.stretch_calls += 1;
+    let config = config();
+    let in_burst = config.syscall_burst != 0 && slot.stretch_calls > config.syscall_burst;
+    let every = config.syscall_sample_every.max(1);
+    // SAFETY: plain helper call.
+    let timed = !in_burst || unsafe { bpf_get_prandom_u32() } % every == 0;
+    let nr: i64 = ctx.arg(1);
+    slot.call = InFlight {
+        tgid,
+        nr: nr as u32,
+        // SAFETY: plain helper call.
+        start_ns: if timed { unsafe { bpf_ktime_get_ns() } } else { 0 },
+        weight: if in_burst { every } else { 1 },
+        active: 1,
+        from_block: 0,
+        _pad: 0,
+    };
+    0
+}
+
+/// `sys_exit(struct pt_regs *regs, long ret)`
+#[btf_tracepoint(function = "sys_exit")]
+pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: as in syscall_enter.
+    let slot = unsafe { &mut *slot };
+    let call = if slot.call.active != 0 && slot.tid == tid {
+        slot.call.active = 0;
+        slot.call
+    } else {
+        // The thread left the CPU during the call: the switch program parked it.
+        let Some(state) = TASK_STATE.current(false) else {
+            return 0;
+        };
+        if state.syscall.active == 0 {
+            return 0;
+        }
+        state.syscall.active = 0;
+        state.syscall
+    };
+    let ret: i64 = ctx.arg(1);
+    record_call(slot, &call, ret);
+    0
+}
+
+/// Called by the context-switch program for the thread leaving the CPU at `now`: ends its
+/// stretch, and moves its call in flight, if any, from the CPU's slot to the thread's own
+/// storage. A call that was not sampled is timed from here: it blocked, so it is slow.
+#[inline(always)]
+pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct, now: u64) {
+    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: as in syscall_enter.
+    let slot = unsafe { &mut *slot };
+    if slot.tid != tid {
+        return;
+    }
+    slot.stretch_calls = 0;
+    if slot.call.active == 0 {
+        return;
+    }
+    let mut call = slot.call;
+    slot.call.active = 0;
+    if call.start_ns == 0 {
+        call.start_ns = now;
+        call.weight = 1;
+        call.from_block = 1;
+    }
+    match TASK_STATE.get(prev, true) {
+        Some(state) => state.syscall = call,
+        None => counters::add(Counter::SyscallsLost, 1),
+    }
+}
+
+#[inline(always)]
+fn record_call(slot: &mut Slot, call: &InFlight, ret: i64) {
+    let failed = (-MAX_ERRNO..0).contains(&ret);
+    if call.start_ns == 0 && !failed {
+        count_pending(slot, call.tgid, call.nr);
+        return;
+    }
+    let key = SyscallKey { tgid: call.tgid, nr: call.nr };
+    let Some(stats) = stats_for(&key) else {
+        counters::add(Counter::SyscallsLost, 1);
+        return;
+    };
+    // SAFETY: `stats` points into a map value, valid for this run.
+    let stats = unsafe { &mut *stats };
+    atomic::add(&raw mut stats.calls, 1);
+    if call.start_ns != 0 {
+        // SAFETY: plain helper call.
+        let latency = unsafe { bpf_ktime_get_ns() }.saturating_sub(call.start_ns);
+        let timed = if call.from_block != 0 { &raw mut stats.timed_from_block } else { &raw mut stats.timed };
+        atomic::add(timed, 1);
+        record_weighted(&mut stats.latency, latency, call.weight);
+    }
+    if failed {
+        atomic::add(&raw mut stats.errors, 1);
+        count_error(SyscallErrorKey { tgid: key.tgid, nr: key.nr, errno: (-ret) as u32, _pad: 0 });
+    }
+}
+
+#[inline(always)]
+fn count_error(key: SyscallErrorKey) {
+    if let Some(count) = SYSCALL_ERRORS.get_ptr_mut(key) {
+        atomic::add(count, 1);
+        return;
+    }
+    if SYSCALL_ERRORS.insert(key, 1, BPF_NOEXIST as u64).is_err() {
+        match SYSCALL_ERRORS.get_ptr_mut(key) {
+            Some(count) => atomic::add(count, 1),
+            None => counters::add(Counter::SyscallsLost, 1),
+        }
+    }
+}
+
+/// Counts a call in the CPU's pending cache, moving the entry it evicts to the shared map.
+#[inline(always)]
+fn count_pending(slot: &mut Slot, tgid: u32, nr: u32) {
+    let entry = &mut slot.pending[nr as usize & (PENDING_COUNTS - 1)];
+    if entry.count != 0 && (entry.tgid != tgid || entry.nr != nr) {
+        let evicted = SyscallKey { tgid: entry.tgid, nr: entry.nr };
+        match stats_for(&evicted) {
+            // SAFETY: map value pointer valid for this run.
+            Some(stats) => atomic::add(unsafe { &raw mut (*stats).calls }, u64::from(entry.count)),
+            None => counters::add(Counter::SyscallsLost, u64::from(entry.count)),
+        }
+        entry.count = 0;
+    }
+    entry.tgid = tgid;
+    entry.nr = nr;
+    entry.count += 1;
+}
+
+/// The statistics of `key`, inserted zeroed when new.
+#[inline(always)]
+fn stats_for(key: &SyscallKey) -> Option<*mut SyscallStats> {
+    if let Some(stats) = SYSCALLS.get_ptr_mut(key) {
+        return Some(stats);
+    }
+    let zero = ZERO_SYSCALL_STATS.get(0)?;
+    // Another CPU may insert the same key first (BPF_NOEXIST fails): use theirs.
+    let _ = SYSCALLS.insert(key, zero, BPF_NOEXIST as u64);
+    SYSCALLS.get_ptr_mut(key)
+}

@@ -1,0 +1,98 @@
+//! Per-task state in task local storage: the kernel keeps it with the task and frees it when
+//! the task goes, so the hot paths (every syscall, every context switch) touch no hash map to
+//! find it and nothing has to be deleted.
+//!
+//! aya-ebpf 0.2 has no task-storage map type; this is the same BTF map definition aya uses for
+//! its other local-storage maps (inode, cgroup), which the loader reads from the `.maps` section.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE,
+        task_struct,
+    },
+    helpers::generated::{bpf_get_current_task_btf, bpf_task_storage_get},
+    macros::btf_map,
+};
+
+/// What sysprof remembers about one task.
+#[repr(C)]
+pub struct TaskState {
+    /// Whether the task belongs to the target: 0 not decided yet, 1 yes, 2 no. Decided once,
+    /// when the task is current (the filter reads the current task); exec updates it.
+    pub target: u32,
+    /// A syscall in progress, parked here when its thread left the CPU (see syscalls.rs).
+    pub syscall: sysprof_common::InFlight,
+    /// When the task last left the CPU (0: not since the trace started).
+    pub switched_out_ns: u64,
+    /// When the task last got a CPU (0: not since the trace started).
+    pub switched_in_ns: u64,
+    /// When the task became runnable and started waiting for a CPU (0: not waiting).
+    pub runnable_since_ns: u64,
+    /// Where and why it left the CPU last.
+    pub offcpu_user_stack: i32,
+    pub offcpu_kernel_stack: i32,
+    pub offcpu_state: u32,
+    /// Process and thread ids, recorded when `target` is decided.
+    pub tgid: u32,
+    pub tid: u32,
+    pub _pad: u32,
+}
+
+pub const UNDECIDED: u32 = 0;
+pub const TARGET: u32 = 1;
+pub const NOT_TARGET: u32 = 2;
+
+/// A BPF_MAP_TYPE_TASK_STORAGE map, described to the loader through BTF.
+#[repr(C)]
+pub struct TaskStorage<T> {
+    r#type: *const [i32; BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
+}
+
+// SAFETY: the fields are placeholders the loader reads from BTF; they are never dereferenced.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    pub const fn new() -> Self {
+        TaskStorage {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The task's value, created zeroed when `create` and missing.
+    #[expect(clippy::mut_from_ref, reason = "the value belongs to the task, not to the map handle")]
+    #[inline(always)]
+    pub fn get(&self, task: *mut task_struct, create: bool) -> Option<&mut T> {
+        let flags = if create { BPF_LOCAL_STORAGE_GET_F_CREATE as u64 } else { 0 };
+        // SAFETY: `task` is a BTF task pointer (a tp_btf argument or the current task); the
+        // helper returns a pointer to the task's value or null.
+        let value = unsafe {
+            bpf_task_storage_get(
+                core::ptr::from_ref(self).cast_mut().cast(),
+                task,
+                core::ptr::null_mut(),
+                flags,
+            )
+        };
+        // SAFETY: non-null values live as long as the task, beyond this program's run.
+        unsafe { value.cast::<T>().as_mut() }
+    }
+
+    /// The current task's value.
+    #[expect(clippy::mut_from_ref, reason = "the value belongs to the task, not to the map handle")]
+    #[inline(always)]
+    pub fn current(&self, create: bool) -> Option<&mut T> {
+        // SAFETY: plain helper call.
+        self.get(unsafe { bpf_get_current_task_btf() }, create)
+    }
+}
+
+#[btf_map]
+pub static TASK_STATE: TaskStorage<TaskState> = TaskStorage::new();

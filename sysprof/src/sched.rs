@@ -1,0 +1,305 @@
+//! Scheduler analysis: per process and thread, CPU time and utilization, voluntary and
+//! involuntary switches, run-queue latency, and off-CPU time by reason and by stack.
+
+use std::{collections::HashMap, time::Duration};
+
+use serde::Serialize;
+use sysprof_common::{TASK_REPORT_MAX, ThreadSched};
+
+use crate::{
+    latency::{self, Percentiles},
+    probes::SchedDump,
+    procs::{ProcessTable, comm_to_string},
+    profile::{StackProfile, StackSample},
+    symbolize::Frame,
+};
+
+/// Threads shown per process.
+const TOP_THREADS: usize = 5;
+/// Off-CPU stacks shown.
+const TOP_OFFCPU_STACKS: usize = 10;
+
+/// The scheduler section of the report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SchedReport {
+    /// Largest CPU time first.
+    pub processes: Vec<ProcessSched>,
+    /// Target CPU time over wall time, all processes together.
+    pub utilization: f64,
+    /// The longest off-CPU stacks, all processes together.
+    pub top_offcpu: Vec<OffCpuStack>,
+}
+
+/// One process's scheduling.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessSched {
+    pub pid: u32,
+    pub name: String,
+    pub threads: usize,
+    pub cpu_time_s: f64,
+    pub wall_s: f64,
+    /// CPU time over wall time: above 1 when several threads run at once.
+    pub utilization: f64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub voluntary_per_s: f64,
+    pub involuntary_per_s: f64,
+    /// Wakeup (or preemption) to running.
+    pub runq_latency: Option<Percentiles>,
+    pub offcpu_s: f64,
+    /// Largest first.
+    pub offcpu_by_reason: Vec<ReasonTime>,
+    /// The busiest threads.
+    pub top_threads: Vec<ThreadRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReasonTime {
+    pub reason: String,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreadRow {
+    pub tid: u32,
+    pub name: String,
+    pub cpu_time_s: f64,
+    pub utilization: f64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub offcpu_s: f64,
+}
+
+/// One off-CPU stack and the time spent blocked in it.
+#[derive(Clone, Debug, Serialize)]
+pub struct OffCpuStack {
+    pub pid: u32,
+    pub process: String,
+    pub reason: String,
+    pub seconds: f64,
+    /// The innermost function of the program (user code) on the stack: who blocked.
+    pub blocked_in: Option<String>,
+    /// Function names, outermost first.
+    pub frames: Vec<String>,
+}
+
+/// Why a thread left the CPU, from its state and where in the kernel it stopped.
+pub fn offcpu_reason(state: u32, kernel: &[Frame]) -> &'static str {
+    const UNINTERRUPTIBLE: u32 = 0x2;
+    const STOPPED: u32 = 0x4 | 0x8;
+    if state == 0 || state == TASK_REPORT_MAX {
+        return "preempted";
+    }
+    let any = |needles: &[&str]| kernel.iter().any(|f| needles.iter().any(|n| f.function.contains(n)));
+    if any(&["futex"]) {
+        "futex/lock"
+    } else if any(&["nanosleep", "hrtimer_sleep", "do_nanosleep", "schedule_timeout"])
+        && state & UNINTERRUPTIBLE == 0
+    {
+        "sleep"
+    } else if any(&["ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "core_sys_select"]) {
+        "poll/epoll wait"
+    } else if any(&[
+        "pipe_read",
+        "pipe_write",
+        "unix_stream",
+        "sock_",
+        "tcp_",
+        "udp_",
+        "inet_",
+        "sk_wait",
+        "netlink",
+    ]) {
+        "pipe/socket I/O"
+    } else if any(&["do_wait", "kernel_wait"]) {
+        "waiting for a child"
+    } else if state & UNINTERRUPTIBLE != 0 || any(&["io_schedule", "folio_wait", "blk_", "jbd2"]) {
+        "disk/uninterruptible I/O"
+    } else if state & STOPPED != 0 {
+        "stopped"
+    } else {
+        "other sleep"
+    }
+}
+
+/// The off-CPU samples of the dump: weight in microseconds, the scheduler state as the tag.
+pub fn offcpu_samples(dump: &SchedDump) -> Vec<StackSample> {
+    dump.offcpu
+        .iter()
+        .map(|(key, value)| StackSample {
+            tgid: key.tgid,
+            tid: key.tgid,
+            user_stack_id: key.user_stack_id,
+            kernel_stack_id: key.kernel_stack_id,
+            comm: None,
+            weight: value.total_ns / 1_000,
+            tag: key.state,
+        })
+        .collect()
+}
+
+/// Builds the scheduler report. `offcpu` is the off-CPU profile whose first frame is the
+/// reason label; `end_ns` is the monotonic time the trace ended (for threads still on a CPU).
+pub fn analyze(
+    dump: &SchedDump,
+    offcpu: &StackProfile,
+    processes: &ProcessTable,
+    wall: Duration,
+    end_ns: u64,
+) -> SchedReport {
+    let wall_s = wall.as_secs_f64().max(1e-9);
+    let mut threads_by_pid: HashMap<u32, Vec<(u32, &ThreadSched)>> = HashMap::new();
+    for (tid, thread) in &dump.threads {
+        threads_by_pid.entry(thread.tgid).or_default().push((*tid, thread));
+    }
+    let runq: HashMap<u32, Percentiles> =
+        dump.runq.iter().map(|(pid, hist)| (*pid, latency::percentiles(hist))).collect();
+    let mut reasons: HashMap<u32, HashMap<String, f64>> = HashMap::new();
+    for stack in &offcpu.stacks {
+        let reason =
+            stack.frames.first().map(|f| f.function.trim_matches(['[', ']']).to_string()).unwrap_or_default();
+        *reasons.entry(stack.pid).or_default().entry(reason).or_default() += stack.weight as f64 / 1e6;
+    }
+
+    let mut rows: Vec<ProcessSched> = threads_by_pid
+        .into_iter()
+        .map(|(pid, threads)| {
+            let mut thread_rows: Vec<ThreadRow> = threads
+                .iter()
+                .map(|(tid, t)| {
+                    let cpu = cpu_time_ns(t, end_ns) as f64 / 1e9;
+                    ThreadRow {
+                        tid: *tid,
+                        name: comm_to_string(&t.comm),
+                        cpu_time_s: cpu,
+                        utilization: cpu / wall_s,
+                        voluntary_switches: t.voluntary,
+                        involuntary_switches: t.involuntary,
+                        offcpu_s: t.offcpu_ns as f64 / 1e9,
+                    }
+                })
+                .collect();
+            thread_rows.sort_by(|a, b| b.cpu_time_s.total_cmp(&a.cpu_time_s).then(a.tid.cmp(&b.tid)));
+            let cpu_time_s: f64 = thread_rows.iter().map(|t| t.cpu_time_s).sum();
+            let voluntary: u64 = thread_rows.iter().map(|t| t.voluntary_switches).sum();
+            let involuntary: u64 = thread_rows.iter().map(|t| t.involuntary_switches).sum();
+            let offcpu_s: f64 = thread_rows.iter().map(|t| t.offcpu_s).sum();
+            let mut by_reason: Vec<ReasonTime> = reasons
+                .remove(&pid)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(reason, seconds)| ReasonTime { reason, seconds })
+                .collect();
+            by_reason.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+            let name = processes
+                .get(pid)
+                .map(|p| p.name.clone())
+                .filter(|n| !n.is_empty())
+                .or_else(|| thread_rows.iter().find(|t| t.tid == pid).map(|t| t.name.clone()))
+                .unwrap_or_else(|| format!("pid {pid}"));
+            let threads = thread_rows.len();
+            thread_rows.truncate(TOP_THREADS);
+            ProcessSched {
+                pid,
+                name,
+                threads,
+                cpu_time_s,
+                wall_s,
+                utilization: cpu_time_s / wall_s,
+                voluntary_switches: voluntary,
+                involuntary_switches: involuntary,
+                voluntary_per_s: voluntary as f64 / wall_s,
+                involuntary_per_s: involuntary as f64 / wall_s,
+                runq_latency: runq.get(&pid).copied(),
+                offcpu_s,
+                offcpu_by_reason: by_reason,
+                top_threads: thread_rows,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.cpu_time_s.total_cmp(&a.cpu_time_s).then(a.pid.cmp(&b.pid)));
+    let utilization = rows.iter().map(|r| r.cpu_time_s).sum::<f64>() / wall_s;
+    SchedReport { processes: rows, utilization, top_offcpu: top_offcpu(offcpu) }
+}
+
+/// On-CPU time of a thread, counting the stretch it is still running at the end.
+fn cpu_time_ns(thread: &ThreadSched, end_ns: u64) -> u64 {
+    let running = if thread.on_cpu != 0 { end_ns.saturating_sub(thread.last_switch_in_ns) } else { 0 };
+    thread.oncpu_ns + running
+}
+
+fn top_offcpu(offcpu: &StackProfile) -> Vec<OffCpuStack> {
+    offcpu
+        .stacks
+        .iter()
+        .take(TOP_OFFCPU_STACKS)
+        .map(|stack| {
+            let reason = stack
+                .frames
+                .first()
+                .map(|f| f.function.trim_matches(['[', ']']).to_string())
+                .unwrap_or_default();
+            let code = &stack.frames[1.min(stack.frames.len())..];
+            OffCpuStack {
+                pid: stack.pid,
+                process: stack.process.clone(),
+                reason,
+                seconds: stack.weight as f64 / 1e6,
+                blocked_in: code
+                    .iter()
+                    .rev()
+                    .find(|f| !f.is_kernel() && !f.module.is_empty() && !is_runtime_library(&f.module))
+                    .or_else(|| code.iter().rev().find(|f| !f.is_kernel() && !f.module.is_empty()))
+                    .map(|f| f.function.clone()),
+                frames: code.iter().map(|f| f.function.clone()).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Libraries whose frames name the mechanism (a futex wrapper, a syscall stub) rather than the
+/// program's code that blocked.
+fn is_runtime_library(module: &str) -> bool {
+    ["libc.so", "libc-", "libpthread", "ld-linux", "libstdc++"].iter().any(|lib| module.starts_with(lib))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(names: &[&str]) -> Vec<Frame> {
+        names.iter().map(|n| Frame { function: n.to_string(), module: Frame::KERNEL_MODULE.into() }).collect()
+    }
+
+    #[test]
+    fn reasons_from_state_and_kernel_stack() {
+        assert_eq!(offcpu_reason(0, &kernel(&["schedule"])), "preempted");
+        assert_eq!(offcpu_reason(TASK_REPORT_MAX, &[]), "preempted");
+        assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait", "schedule"])), "futex/lock");
+        assert_eq!(
+            offcpu_reason(1, &kernel(&["__x64_sys_clock_nanosleep", "do_nanosleep", "schedule"])),
+            "sleep"
+        );
+        assert_eq!(offcpu_reason(1, &kernel(&["do_epoll_wait", "ep_poll", "schedule"])), "poll/epoll wait");
+        assert_eq!(offcpu_reason(1, &kernel(&["ksys_read", "pipe_read", "schedule"])), "pipe/socket I/O");
+        assert_eq!(offcpu_reason(2, &kernel(&["io_schedule"])), "disk/uninterruptible I/O");
+        assert_eq!(offcpu_reason(1, &kernel(&["do_wait", "schedule"])), "waiting for a child");
+        assert_eq!(offcpu_reason(1, &[]), "other sleep");
+    }
+
+    #[test]
+    fn running_threads_count_until_the_end() {
+        let thread = ThreadSched {
+            tgid: 1,
+            on_cpu: 1,
+            voluntary: 0,
+            involuntary: 0,
+            oncpu_ns: 500,
+            offcpu_ns: 0,
+            last_switch_in_ns: 1_000,
+            comm: [0; 16],
+        };
+        assert_eq!(cpu_time_ns(&thread, 1_700), 1_200);
+        assert_eq!(cpu_time_ns(&ThreadSched { on_cpu: 0, ..thread }, 1_700), 500);
+    }
+}

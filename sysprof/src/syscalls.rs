@@ -1,0 +1,154 @@
+//! Syscall analysis: per process and syscall, calls, failures by errno, total time and latency
+//! percentiles, named from the running architecture's syscall table.
+
+use std::{collections::HashMap, time::Duration};
+
+use serde::Serialize;
+
+use sysprof_common::{SyscallKey, SyscallStats};
+
+use crate::{
+    latency::{self, Percentiles},
+    probes::SyscallDump,
+    procs::ProcessTable,
+};
+
+fn empty_stats() -> SyscallStats {
+    SyscallStats { calls: 0, errors: 0, timed: 0, timed_from_block: 0, latency: latency::empty() }
+}
+
+/// The syscall section of the report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SyscallReport {
+    /// Most total time first.
+    pub rows: Vec<SyscallRow>,
+    pub calls: u64,
+    /// Calls timed one by one (the others' latency was sampled).
+    pub timed: u64,
+    pub errors: u64,
+    pub total_ns: u64,
+}
+
+/// One syscall of one process.
+#[derive(Clone, Debug, Serialize)]
+pub struct SyscallRow {
+    pub pid: u32,
+    pub process: String,
+    pub syscall: String,
+    pub nr: u32,
+    pub calls: u64,
+    pub calls_per_s: f64,
+    /// Calls timed from entry (the others' latency was sampled in bursts, see `latency`).
+    pub timed: u64,
+    /// Calls not sampled that blocked, timed from the moment they left the CPU.
+    pub timed_from_block: u64,
+    pub errors: u64,
+    /// Failed calls by errno, most frequent first.
+    pub errnos: Vec<ErrnoCount>,
+    /// Latency percentiles and total time; when `timed` < `calls` these are estimates from the
+    /// sampled calls, each standing for the calls around it.
+    pub latency: Percentiles,
+    /// Time in this syscall over the trace's wall time (threads add up: it can exceed 1).
+    pub share_of_wall: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ErrnoCount {
+    /// Symbolic name (EAGAIN), or the number when unknown.
+    pub errno: String,
+    pub count: u64,
+}
+
+/// The name of syscall `nr` on this architecture.
+pub fn syscall_name(nr: u32) -> String {
+    syscalls::Sysno::new(nr as usize).map(|s| s.name().to_string()).unwrap_or_else(|| format!("syscall_{nr}"))
+}
+
+/// "EBADF" for 9.
+pub fn errno_name(errno: u32) -> String {
+    match nix::errno::Errno::from_raw(errno as i32) {
+        nix::errno::Errno::UnknownErrno => errno.to_string(),
+        known => format!("{known:?}"),
+    }
+}
+
+pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> SyscallReport {
+    let wall_s = wall.as_secs_f64().max(1e-9);
+    let mut errnos: HashMap<(u32, u32), Vec<ErrnoCount>> = HashMap::new();
+    for (key, count) in &dump.errors {
+        errnos
+            .entry((key.tgid, key.nr))
+            .or_default()
+            .push(ErrnoCount { errno: errno_name(key.errno), count: *count });
+    }
+    // Calls still pending in the per-CPU caches join their syscall's statistics.
+    let mut stats: HashMap<(u32, u32), SyscallStats> =
+        dump.stats.iter().map(|(key, stats)| ((key.tgid, key.nr), *stats)).collect();
+    for (key, count) in &dump.pending {
+        stats.entry((key.tgid, key.nr)).or_insert_with(empty_stats).calls += count;
+    }
+    let mut rows: Vec<SyscallRow> = stats
+        .iter()
+        .map(|(&(tgid, nr), stats)| {
+            let key = SyscallKey { tgid, nr };
+            let mut by_errno = errnos.remove(&(key.tgid, key.nr)).unwrap_or_default();
+            by_errno.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.errno.cmp(&b.errno)));
+            let latency = latency::percentiles(&stats.latency);
+            SyscallRow {
+                pid: key.tgid,
+                process: processes
+                    .get(key.tgid)
+                    .map(|p| p.name.clone())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| format!("pid {}", key.tgid)),
+                syscall: syscall_name(key.nr),
+                nr: key.nr,
+                calls: stats.calls,
+                calls_per_s: stats.calls as f64 / wall_s,
+                timed: stats.timed,
+                timed_from_block: stats.timed_from_block,
+                errors: stats.errors,
+                errnos: by_errno,
+                share_of_wall: stats.latency.total_ns as f64 / 1e9 / wall_s,
+                latency,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.latency.total_ns.cmp(&a.latency.total_ns).then(a.pid.cmp(&b.pid)).then(a.nr.cmp(&b.nr))
+    });
+    SyscallReport {
+        calls: rows.iter().map(|r| r.calls).sum(),
+        timed: rows.iter().map(|r| r.timed + r.timed_from_block).sum(),
+        errors: rows.iter().map(|r| r.errors).sum(),
+        total_ns: rows.iter().map(|r| r.latency.total_ns).sum(),
+        rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_come_from_this_architectures_table() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(syscall_name(0), "read");
+            assert_eq!(syscall_name(110), "getppid");
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            assert_eq!(syscall_name(63), "read");
+            assert_eq!(syscall_name(173), "getppid");
+        }
+        assert_eq!(syscall_name(100_000), "syscall_100000");
+    }
+
+    #[test]
+    fn errnos_have_their_names() {
+        assert_eq!(errno_name(9), "EBADF");
+        assert_eq!(errno_name(11), "EAGAIN");
+        assert_eq!(errno_name(4000), "4000");
+    }
+}

@@ -1,0 +1,225 @@
+//! Scheduler and syscall tracing end to end, against workloads whose answers are known:
+//! exact syscall and error counts, sleeps of known length in a named function, more busy
+//! threads than CPUs, latencies of fixed length, lock contention, tiny writes.
+
+mod support;
+
+use serde_json::Value;
+use support::*;
+
+/// Traces `sysload ARGS` with `options`; returns the report.
+fn trace_sysload(options: &[&str], args: &[&str]) -> (tempfile::TempDir, Value) {
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "-o"])
+        .arg(dir.path())
+        .args(options)
+        .arg("--")
+        .arg(workload("sysload"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    (dir, report)
+}
+
+/// The syscall row of `name` for the sysload process.
+fn syscall_row<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["syscalls"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["syscall"] == name && row["process"] == "sysload")
+        .unwrap_or_else(|| panic!("no {name} row in {:#}", report["syscalls"]))
+}
+
+/// The scheduling row of the sysload process.
+fn sched_row(report: &Value) -> &Value {
+    report["sched"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "sysload")
+        .unwrap_or_else(|| panic!("no sysload in {:#}", report["sched"]))
+}
+
+#[test]
+fn counts_every_syscall_exactly() {
+    let Some(_guard) = root_guard("counts_every_syscall_exactly") else { return };
+    // Enough calls in one stretch that latency is sampled: the count must still be exact.
+    let (_dir, report) = trace_sysload(&["--focus", "syscalls"], &["getppid", "300000"]);
+    let row = syscall_row(&report, "getppid");
+    assert_eq!(row["calls"], 300_000, "{row:#}");
+    assert_eq!(row["errors"], 0);
+    assert!(row["timed"].as_u64().unwrap() < 300_000, "a hot loop has its latency sampled: {row:#}");
+    let p50 = row["latency"]["p50_ns"].as_u64().unwrap();
+    assert!(p50 > 0 && p50 < 50_000, "getppid p50 {p50} ns");
+    // The estimated count of the weighted latency histogram is close to the exact count.
+    let estimated = row["latency"]["count"].as_f64().unwrap();
+    assert!((estimated / 300_000.0 - 1.0).abs() < 0.1, "histogram estimates {estimated} calls");
+}
+
+#[test]
+fn counts_failed_calls_by_errno() {
+    let Some(_guard) = root_guard("counts_failed_calls_by_errno") else { return };
+    let (_dir, report) = trace_sysload(&["--focus", "syscalls"], &["badclose", "5000"]);
+    let row = syscall_row(&report, "close");
+    assert_eq!(row["errors"], 5000, "{row:#}");
+    assert_eq!(row["errnos"][0], serde_json::json!({"errno": "EBADF", "count": 5000}));
+    assert!(row["calls"].as_u64().unwrap() >= 5000);
+    let recommendations = report["recommendations"].as_array().unwrap();
+    assert!(
+        recommendations.iter().any(|r| r["title"] == "Most close calls in sysload fail"),
+        "{recommendations:#?}"
+    );
+}
+
+#[test]
+fn sleeps_are_voluntary_switches_and_off_cpu_time_in_the_sleeping_function() {
+    let Some(_guard) = root_guard("sleeps_are_voluntary_switches_and_off_cpu_time_in_the_sleeping_function")
+    else {
+        return;
+    };
+    let (dir, report) = trace_sysload(&["--focus", "sched"], &["sleep", "20", "25"]);
+    let row = sched_row(&report);
+    let voluntary = row["voluntary_switches"].as_u64().unwrap();
+    assert!((20..=30).contains(&voluntary), "{voluntary} voluntary switches for 20 sleeps: {row:#}");
+    let sleep = row["offcpu_by_reason"].as_array().unwrap().iter().find(|r| r["reason"] == "sleep").unwrap();
+    let seconds = sleep["seconds"].as_f64().unwrap();
+    assert!((0.5..0.6).contains(&seconds), "{seconds} s asleep, expected 20 x 25 ms");
+    // The off-CPU flamegraph puts that time on a stack naming the function that slept.
+    let folded = read_folded(&dir.path().join("offcpu.folded"));
+    let in_function: u64 = folded
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f == "sleep_in_named_function") && frames[1] == "[sleep]")
+        .map(|(_, us)| us)
+        .sum();
+    assert!(
+        (500_000..600_000).contains(&in_function),
+        "{in_function} us in sleep_in_named_function: {folded:?}"
+    );
+    let svg = std::fs::read_to_string(dir.path().join("offcpu.svg")).unwrap();
+    assert!(svg.contains("sleep_in_named_function"));
+    let top = &report["sched"]["top_offcpu"][0];
+    assert_eq!(top["blocked_in"], "sleep_in_named_function", "{top:#}");
+}
+
+#[test]
+fn more_busy_threads_than_cpus_means_involuntary_switches_and_full_cpus() {
+    let Some(_guard) = root_guard("more_busy_threads_than_cpus_means_involuntary_switches_and_full_cpus")
+    else {
+        return;
+    };
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "sched", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["3", &(2 * cpus).to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    let row = report["sched"]["processes"].as_array().unwrap().iter().find(|p| p["name"] == "busy").unwrap();
+    assert!(row["involuntary_switches"].as_u64().unwrap() > 0, "{row:#}");
+    let utilization = row["utilization"].as_f64().unwrap();
+    let cpus = cpus as f64;
+    assert!(
+        utilization > 0.8 * cpus && utilization <= 1.02 * cpus,
+        "utilization {utilization} on {cpus} CPUs"
+    );
+    assert_eq!(row["threads"], 2 * cpus as u64);
+    let runq_p50 = row["runq_latency"]["p50_ns"].as_u64().unwrap();
+    assert!(runq_p50 > 0, "threads waited for a CPU");
+    let recommendations = report["recommendations"].as_array().unwrap();
+    assert!(
+        recommendations.iter().any(|r| r["title"].as_str().unwrap().starts_with("CPU oversubscribed")),
+        "{recommendations:#?}"
+    );
+}
+
+#[test]
+fn latency_percentiles_match_known_sleeps() {
+    let Some(_guard) = root_guard("latency_percentiles_match_known_sleeps") else { return };
+    // 100 sleeps of 1 ms, then 10 of 20 ms: p50 and p90 are about 1 ms, p99 about 20 ms.
+    let (_dir, report) =
+        trace_sysload(&["--focus", "syscalls"], &["nanosleeps", "100", "1000", "10", "20000"]);
+    let row = syscall_row(&report, "clock_nanosleep");
+    assert_eq!(row["calls"], 110);
+    assert_eq!(row["timed"].as_u64().unwrap() + row["timed_from_block"].as_u64().unwrap(), 110, "{row:#}");
+    let ms = |key: &str| row["latency"][key].as_f64().unwrap() / 1e6;
+    // A sleep lasts its length plus the wakeup delay, which a busy machine stretches: bounded
+    // below tightly (half a histogram bucket, 6.25%), above loosely. p90 must still fall in the
+    // 1 ms population, p99 in the 20 ms one.
+    assert!((0.94..2.0).contains(&ms("p50_ns")), "p50 {} ms", ms("p50_ns"));
+    assert!((0.94..18.75).contains(&ms("p90_ns")), "p90 {} ms", ms("p90_ns"));
+    assert!((18.75..25.0).contains(&ms("p99_ns")), "p99 {} ms", ms("p99_ns"));
+    assert!((20.0..25.0).contains(&ms("max_ns")), "max {} ms", ms("max_ns"));
+    let total = row["latency"]["total_ns"].as_f64().unwrap() / 1e6;
+    assert!((300.0..450.0).contains(&total), "total {total} ms, expected 100 x 1 + 10 x 20");
+}
+
+#[test]
+fn lock_contention_is_found_with_its_function() {
+    let Some(_guard) = root_guard("lock_contention_is_found_with_its_function") else { return };
+    let (_dir, report) = trace_sysload(&["--focus", "sched"], &["lockstorm", "4", "1.5"]);
+    let row = sched_row(&report);
+    let futex = row["offcpu_by_reason"].as_array().unwrap().iter().find(|r| r["reason"] == "futex/lock");
+    assert!(futex.is_some_and(|r| r["seconds"].as_f64().unwrap() > 0.5), "{row:#}");
+    let top = report["sched"]["top_offcpu"].as_array().unwrap();
+    assert!(
+        top.iter().any(|s| s["reason"] == "futex/lock" && s["blocked_in"] == "contended_worker"),
+        "{top:#?}"
+    );
+    let recommendations = report["recommendations"].as_array().unwrap();
+    let lock = recommendations.iter().find(|r| r["title"] == "Lock contention in sysload");
+    assert!(
+        lock.is_some_and(|r| r["evidence"].as_str().unwrap().contains("contended_worker")),
+        "{recommendations:#?}"
+    );
+}
+
+#[test]
+fn tiny_writes_are_recommended_for_batching() {
+    let Some(_guard) = root_guard("tiny_writes_are_recommended_for_batching") else { return };
+    let (_dir, report) = trace_sysload(&["--focus", "syscalls"], &["smallwrites", "200000"]);
+    let row = syscall_row(&report, "write");
+    assert_eq!(row["calls"], 200_000);
+    let recommendations = report["recommendations"].as_array().unwrap();
+    let batch = recommendations.iter().find(|r| r["title"] == "Batch small write calls in sysload");
+    assert!(
+        batch.is_some_and(|r| r["evidence"].as_str().unwrap().starts_with("200,000 calls")),
+        "{recommendations:#?}"
+    );
+}
+
+#[test]
+fn the_report_has_every_table() {
+    let Some(_guard) = root_guard("the_report_has_every_table") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("sysload"))
+        .args(["sleep", "5", "10"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    for heading in [
+        "### CPU: processes",
+        "### CPU overhead: scheduling",
+        "### Off-CPU: the longest waits",
+        "### Syscalls",
+    ] {
+        assert!(markdown.contains(heading), "missing {heading}:\n{markdown}");
+    }
+    for program in ["sched_switch", "sched_wakeup", "syscall_enter", "syscall_exit"] {
+        assert!(markdown.contains(&format!("| `{program}` |")), "{program} missing from Part B");
+    }
+    assert_no_sysprof_programs();
+}

@@ -1,0 +1,133 @@
+// Syscall and scheduler workloads with known answers, for sysprof's tests and benchmarks.
+//
+//   sysload getppid N             N getppid calls; prints "ns_per_call=X" (the benchmark timer)
+//   sysload badclose N            N close(-1) calls, each failing with EBADF
+//   sysload sleep K MS            K sleeps of MS milliseconds, all in sleep_in_named_function
+//   sysload nanosleeps N1 US1 N2 US2
+//                                 N1 sleeps of US1 microseconds, then N2 of US2
+//   sysload pingpong N            N round trips of one byte between two processes over pipes;
+//                                 prints "ns_per_call=X" per round trip
+//   sysload smallwrites N         N one-byte writes to /dev/null
+//   sysload lockstorm THREADS SECONDS
+//                                 THREADS threads fighting over one mutex in contended_worker
+//
+// Build: cc -O1 -g -fno-omit-frame-pointer -pthread -o sysload sysload.c
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+__attribute__((noinline)) void sleep_in_named_function(long ms) { sleep_us(ms * 1000); }
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile uint64_t shared_counter;
+static double lock_deadline;
+
+// glibc is built without frame pointers, so a frame-pointer stack walk from inside
+// pthread_mutex_lock skips the function that called it: the wrapper's frame keeps the caller
+// (contended_worker) on the stack, as any program built with frame pointers would.
+__attribute__((noinline)) static void take_lock(void) { pthread_mutex_lock(&lock); }
+
+__attribute__((noinline)) static void *contended_worker(void *arg) {
+    (void)arg;
+    while (now() < lock_deadline) {
+        take_lock();
+        // Hold the lock long enough that the others queue up behind it.
+        for (int i = 0; i < 20000; i++) shared_counter += i;
+        pthread_mutex_unlock(&lock);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: see the comment at the top of sysload.c\n");
+        return 2;
+    }
+    const char *mode = argv[1];
+    if (strcmp(mode, "getppid") == 0) {
+        long n = atol(argv[2]);
+        double start = now();
+        for (long i = 0; i < n; i++) syscall(SYS_getppid);
+        printf("ns_per_call=%.2f\n", (now() - start) * 1e9 / n);
+        return 0;
+    }
+    if (strcmp(mode, "badclose") == 0) {
+        long n = atol(argv[2]);
+        for (long i = 0; i < n; i++) close(-1);
+        return 0;
+    }
+    if (strcmp(mode, "smallwrites") == 0) {
+        long n = atol(argv[2]);
+        FILE *devnull = fopen("/dev/null", "w");
+        if (!devnull) return 1;
+        int fd = fileno(devnull);
+        char byte = 'x';
+        for (long i = 0; i < n; i++) {
+            if (write(fd, &byte, 1) != 1) return 1;
+        }
+        return 0;
+    }
+    if (strcmp(mode, "sleep") == 0 && argc >= 4) {
+        long k = atol(argv[2]), ms = atol(argv[3]);
+        for (long i = 0; i < k; i++) sleep_in_named_function(ms);
+        return 0;
+    }
+    if (strcmp(mode, "nanosleeps") == 0 && argc >= 6) {
+        long n1 = atol(argv[2]), us1 = atol(argv[3]), n2 = atol(argv[4]), us2 = atol(argv[5]);
+        for (long i = 0; i < n1; i++) sleep_us(us1);
+        for (long i = 0; i < n2; i++) sleep_us(us2);
+        return 0;
+    }
+    if (strcmp(mode, "pingpong") == 0) {
+        long n = atol(argv[2]);
+        int there[2], back[2];
+        if (pipe(there) || pipe(back)) return 1;
+        char byte = 0;
+        pid_t child = fork();
+        if (child == 0) {
+            for (long i = 0; i < n; i++) {
+                if (read(there[0], &byte, 1) != 1 || write(back[1], &byte, 1) != 1) _exit(1);
+            }
+            _exit(0);
+        }
+        double start = now();
+        for (long i = 0; i < n; i++) {
+            if (write(there[1], &byte, 1) != 1 || read(back[0], &byte, 1) != 1) return 1;
+        }
+        double elapsed = now() - start;
+        waitpid(child, NULL, 0);
+        printf("ns_per_call=%.2f\n", elapsed * 1e9 / n);
+        return 0;
+    }
+    if (strcmp(mode, "lockstorm") == 0 && argc >= 4) {
+        int threads = atoi(argv[2]);
+        lock_deadline = now() + atof(argv[3]);
+        pthread_t ids[64];
+        if (threads > 64) threads = 64;
+        for (int t = 0; t < threads; t++) pthread_create(&ids[t], NULL, contended_worker, NULL);
+        for (int t = 0; t < threads; t++) pthread_join(ids[t], NULL);
+        return 0;
+    }
+    fprintf(stderr, "unknown mode %s\n", mode);
+    return 2;
+}
