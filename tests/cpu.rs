@@ -162,10 +162,8 @@ fn system_wide_sees_the_workload() {
 fn follows_processes_by_name_including_new_ones() {
     let Some(_guard) = root_guard("follows_processes_by_name_including_new_ones") else { return };
     let dir = output_dir();
-    let mut trace =
-        sysprof().args(["trace", "--comm", "busy", "-d", "3", "-q", "-o"]).arg(dir.path()).spawn().unwrap();
+    let mut trace = spawn_tracing(&["trace", "--comm", "busy", "-d", "4"], dir.path());
     // Started after the trace: matched at exec by its name.
-    std::thread::sleep(Duration::from_millis(800));
     let busy = Command::new(workload("busy")).arg("1.5").status().unwrap();
     assert!(busy.success());
     assert!(trace.wait().unwrap().success());

@@ -243,20 +243,8 @@ fn interrupting_ends_the_trace_and_writes_everything() {
     for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
         let busy = Background::spawn(Command::new(workload("busy")).arg("20"));
         let dir = output_dir();
-        let mut trace = sysprof()
-            .args(["trace", "--pid", &busy.pid().to_string(), "-o"])
-            .arg(dir.path())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Signal once the probes are attached ("tracing ..." is printed then), a second later.
-        let mut stderr = std::io::BufReader::new(trace.stderr.take().unwrap());
-        let mut line = String::new();
-        while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0 && !line.contains("tracing") {
-            line.clear();
-        }
-        assert!(line.contains("tracing"), "sysprof never started tracing");
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        // Signal once the probes are attached, a second later.
+        let mut trace = spawn_tracing(&["trace", "--pid", &busy.pid().to_string()], dir.path());
         std::thread::sleep(Duration::from_millis(1000));
         // SAFETY: kill with a valid pid and signal.
         assert_eq!(unsafe { libc::kill(trace.id() as i32, signal) }, 0);

@@ -87,6 +87,49 @@ fn resolve_comm(name: &str) -> ResolvedTarget {
     resolved
 }
 
+/// Processes that joined the target between preflight and the attach of the fork and exec
+/// programs, which follow every later one: ones that took the `--comm` name, and children of
+/// the target processes.
+pub fn late_joiners(resolved: &ResolvedTarget) -> Vec<u32> {
+    if resolved.filter != filter::TARGETS {
+        return Vec::new();
+    }
+    let comm_len = resolved.comm.iter().position(|&b| b == 0).unwrap_or(TASK_COMM_LEN);
+    let mut found = if comm_len > 0 { pids_named(&resolved.comm[..comm_len]) } else { Vec::new() };
+    found.extend(descendants(&resolved.pids));
+    found.retain(|pid| !resolved.pids.contains(pid));
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// Every process descending from `roots`, from the parent pids in /proc.
+fn descendants(roots: &[u32]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(u32, u32)> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(") ")?;
+            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found: Vec<u32> = Vec::new();
+    let mut frontier: Vec<u32> = roots.to_vec();
+    while let Some(parent) = frontier.pop() {
+        for &(pid, ppid) in &parents {
+            if ppid == parent && !found.contains(&pid) && !roots.contains(&pid) {
+                found.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    found
+}
+
 /// Pids whose /proc/PID/comm is exactly `name`.
 fn pids_named(name: &[u8]) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -187,6 +230,16 @@ mod tests {
         assert_eq!(resolved.filter, filter::TARGETS);
         let missing = resolve(&Target::Pids(vec![me, 4_000_000])).unwrap_err();
         assert_eq!(missing.to_string(), "no process with pid 4000000: check it with `ps -p 4000000`");
+    }
+
+    #[test]
+    fn children_started_before_the_programs_attach_are_found() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let resolved = resolve(&Target::Pids(vec![std::process::id()])).unwrap();
+        let late = late_joiners(&resolved);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(late.contains(&child.id()), "{late:?} lacks {}", child.id());
     }
 
     #[test]

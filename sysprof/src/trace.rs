@@ -125,7 +125,7 @@ fn monotonic_ns() -> u64 {
 
 async fn run(
     config: TraceConfig,
-    resolved: ResolvedTarget,
+    mut resolved: ResolvedTarget,
     bpf_config: Config,
     output: OutputDir,
     limitations: Vec<String>,
@@ -164,6 +164,10 @@ async fn run(
     }
     probes.attach_process_tracking()?;
     let events = probes.take_process_events()?;
+    for pid in target::late_joiners(&resolved) {
+        probes.add_target_process(pid)?;
+        resolved.pids.push(pid);
+    }
 
     let mut processes = ProcessTable::new();
     for &pid in &resolved.pids {

@@ -82,6 +82,21 @@ impl Drop for Background {
     }
 }
 
+/// Starts sysprof with `args` and returns once it says it is tracing (the probes are attached),
+/// with its stderr drained in the background.
+pub fn spawn_tracing(args: &[&str], output: &Path) -> Child {
+    use std::io::BufRead as _;
+    let mut child = sysprof().args(args).arg("-o").arg(output).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 && !line.contains("tracing") {
+        line.clear();
+    }
+    assert!(line.contains("tracing"), "sysprof never started tracing");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    child
+}
+
 /// A fresh output directory.
 pub fn output_dir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("sysprof-test-").tempdir().unwrap()
