@@ -217,6 +217,8 @@ fn the_markdown_report_matches_its_golden_file() {
             errors: 5000,
             total_ns: 1_000_000,
         }),
+        gpu: None,
+        functions: vec![],
         recommendations: vec![Recommendation {
             impact: 0.77,
             title: "Optimize burn_hot (busy)".into(),

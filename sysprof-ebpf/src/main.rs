@@ -12,6 +12,7 @@
 #![expect(internal_features, reason = "atomic_xadd: see atomic.rs")]
 
 mod atomic;
+mod calls;
 mod config;
 mod counters;
 mod cpu;

@@ -88,6 +88,20 @@ pub struct TraceArgs {
     #[arg(long)]
     pub time_every_syscall: bool,
 
+    /// CUDA runtime or driver library to probe (libcudart.so*, libcuda.so*), besides those the
+    /// target maps
+    #[arg(long, value_name = "PATH")]
+    pub cuda_lib: Vec<PathBuf>,
+
+    /// NCCL library to probe (libnccl.so*), besides the one the target maps
+    #[arg(long, value_name = "PATH")]
+    pub nccl_lib: Vec<PathBuf>,
+
+    /// Time a function of the target: BIN is a path, or the name of a binary or library the
+    /// target maps (repeatable)
+    #[arg(long = "func", value_name = "BIN:SYMBOL")]
+    pub funcs: Vec<crate::uprobes::FuncSpec>,
+
     /// Directory for the results
     #[arg(short, long, value_name = "DIR", default_value = "profile_output")]
     pub output: PathBuf,
@@ -141,6 +155,8 @@ impl TraceArgs {
             event: self.event,
             stack_storage_size: self.stack_storage_size,
             time_every_syscall: self.time_every_syscall,
+            gpu_libraries: self.cuda_lib.iter().chain(&self.nccl_lib).cloned().collect(),
+            functions: self.funcs.clone(),
             focus: self.focus,
             output_dir: self.output,
             quiet: self.quiet,

@@ -6,14 +6,17 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use sysprof_common::{Counter, ProcessEvent};
+use sysprof_common::{CallEvent, Counter, ProcessEvent};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{Signal, SignalKind, signal},
     sync::oneshot,
 };
 
-use crate::{output::thousands, probes::Probes, procs::ProcessTable, selfcost::StatsWindows, target};
+use crate::{
+    funcs::FuncTracer, gpu::GpuTracer, output::thousands, probes::Probes, procs::ProcessTable,
+    selfcost::StatsWindows, target,
+};
 
 /// Why the trace ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,6 +102,37 @@ const TICK: Duration = Duration::from_millis(20);
 /// How often the status line is redrawn and the targets' liveness checked.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
+/// The uprobe side of the trace: GPU libraries and `--func` functions, attached as the target
+/// maps them, and the events of the calls that carry arguments.
+pub struct CallTracing {
+    pub gpu: Option<GpuTracer>,
+    pub funcs: FuncTracer,
+    pub events: Option<RingBuf<MapData>>,
+    /// `ProcessTable::maps_version` at the last look.
+    pub seen_maps: u64,
+}
+
+impl CallTracing {
+    /// Attaches to libraries and binaries the target mapped since the last look (dlopen,
+    /// exec of a new program).
+    pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        if processes.maps_version() == self.seen_maps {
+            return;
+        }
+        self.seen_maps = processes.maps_version();
+        if let Some(gpu) = &mut self.gpu {
+            gpu.attach_new(probes, processes);
+        }
+        self.funcs.attach_ready(probes, processes);
+    }
+
+    fn on_event(&mut self, event: &CallEvent) {
+        if let Some(gpu) = &mut self.gpu {
+            gpu.state.on_event(event);
+        }
+    }
+}
+
 /// What the collect stage ends with.
 #[derive(Debug)]
 pub struct Collected {
@@ -112,6 +146,7 @@ pub struct Collected {
 pub async fn collect(
     probes: &mut Probes,
     events: RingBuf<MapData>,
+    calls: &mut CallTracing,
     processes: &mut ProcessTable,
     mut plan: StopPlan,
     signals: &mut Signals,
@@ -123,6 +158,14 @@ pub async fn collect(
     // AsyncFd (which owns the ring buffer) is dropped.
     let mut events =
         unsafe { AsyncFd::register(events) }.map_err(|e| anyhow::anyhow!("polling the event ring: {e}"))?;
+    let mut call_events = match calls.events.take() {
+        // SAFETY: as above.
+        Some(ring) => Some(
+            unsafe { AsyncFd::register(ring) }
+                .map_err(|e| anyhow::anyhow!("polling the call-event ring: {e}"))?,
+        ),
+        None => None,
+    };
     let mut tick = tokio::time::interval(TICK);
     let mut last_status = started - STATUS_EVERY;
     let deadline = plan.duration.map(|d| tokio::time::Instant::from_std(started + d));
@@ -139,8 +182,14 @@ pub async fn collect(
                 drain_events(guard.get_inner_mut(), processes);
                 guard.clear_ready();
             }
+            guard = readable(&mut call_events) => {
+                let mut guard = guard?;
+                drain_calls(guard.get_inner_mut(), calls);
+                guard.clear_ready();
+            }
             _ = tick.tick() => {
                 processes.rescan_due();
+                calls.attach_new(probes, processes);
                 stats_windows.tick(probes);
                 if last_status.elapsed() >= STATUS_EVERY {
                     last_status = Instant::now();
@@ -160,6 +209,9 @@ pub async fn collect(
     };
     // Events that arrived just before the end still matter (a child that exited last).
     drain_events(events.get_mut(), processes);
+    if let Some(ring) = &mut call_events {
+        drain_calls(ring.get_mut(), calls);
+    }
     let stats_coverage = stats_windows.finish(probes);
     Ok(Collected { ended_by: reason, elapsed: started.elapsed(), stats_coverage })
 }
@@ -172,6 +224,26 @@ fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) {
             let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProcessEvent>()) };
             processes.on_event(&event);
         }
+    }
+}
+
+fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut CallTracing) {
+    while let Some(item) = ring.next() {
+        if item.len() >= size_of::<CallEvent>() {
+            // SAFETY: as in drain_events, for a CallEvent.
+            let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<CallEvent>()) };
+            calls.on_event(&event);
+        }
+    }
+}
+
+/// Readiness of an optional ring buffer; never ready when there is none.
+async fn readable(
+    ring: &mut Option<AsyncFd<RingBuf<MapData>>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyMutGuard<'_, RingBuf<MapData>>> {
+    match ring {
+        Some(ring) => ring.readable_mut().await,
+        None => std::future::pending().await,
     }
 }
 

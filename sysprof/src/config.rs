@@ -73,11 +73,13 @@ pub enum Family {
     Sched,
     /// Syscall counts, errors and latency (sys_enter, sys_exit).
     Syscalls,
+    /// CUDA runtime/driver and NCCL calls (uprobes on the libraries the target maps).
+    Gpu,
 }
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 3] = [Family::Cpu, Family::Sched, Family::Syscalls];
+    pub const ALL: [Family; 4] = [Family::Cpu, Family::Sched, Family::Syscalls, Family::Gpu];
 }
 
 /// Everything `sysprof trace` needs to run.
@@ -93,6 +95,10 @@ pub struct TraceConfig {
     pub stack_storage_size: u32,
     /// Time every syscall with the precise clock, even in bursts (more overhead).
     pub time_every_syscall: bool,
+    /// CUDA and NCCL libraries to probe besides (or instead of) the ones found in the target.
+    pub gpu_libraries: Vec<PathBuf>,
+    /// Functions to time (`--func BIN:SYMBOL`).
+    pub functions: Vec<crate::uprobes::FuncSpec>,
     /// Probe families to attach; empty means all that apply.
     pub focus: Vec<Family>,
     pub output_dir: PathBuf,
@@ -114,6 +120,8 @@ impl TraceConfig {
             event: SampleEvent::CpuClock,
             stack_storage_size: sysprof_common::capacity::STACKS,
             time_every_syscall: false,
+            gpu_libraries: Vec::new(),
+            functions: Vec::new(),
             focus: Vec::new(),
             output_dir: PathBuf::from("profile_output"),
             quiet: false,

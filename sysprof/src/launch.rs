@@ -23,6 +23,8 @@ use crate::{error::Error, privileges::InvokingUser};
 /// A child created and waiting at the gate.
 pub struct GatedChild {
     pid: u32,
+    /// The program the child will exec.
+    path: PathBuf,
     gate: std::fs::File,
     spawner: JoinHandle<std::io::Result<Child>>,
     program: String,
@@ -33,7 +35,7 @@ impl GatedChild {
     pub fn spawn(argv: &[OsString], run_as: Option<&InvokingUser>) -> anyhow::Result<Self> {
         let program = argv.first().context("no command given after --")?;
         let program_text = program.to_string_lossy().into_owned();
-        resolve_program(program)?;
+        let path = resolve_program(program)?;
 
         let mut command = Command::new(program);
         command.args(&argv[1..]);
@@ -93,6 +95,7 @@ impl GatedChild {
         }
         Ok(GatedChild {
             pid: i32::from_ne_bytes(pid) as u32,
+            path,
             gate: std::fs::File::from(gate_writer),
             spawner,
             program: program_text,
@@ -101,6 +104,11 @@ impl GatedChild {
 
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The program the child will run, as found on PATH.
+    pub fn program(&self) -> &Path {
+        &self.path
     }
 
     /// Opens the gate: the child execs CMD.

@@ -15,12 +15,15 @@
 //! [`trace::trace`] strings them together; the CLI ([`cli`]) only builds a [`config::TraceConfig`].
 
 pub mod btf;
+pub mod callsites;
 pub mod check;
 pub mod cli;
 pub mod collect;
 pub mod config;
 pub mod cpustat;
 pub mod error;
+pub mod funcs;
+pub mod gpu;
 pub mod latency;
 pub mod launch;
 pub mod output;
@@ -36,5 +39,6 @@ pub mod symbolize;
 pub mod syscalls;
 pub mod target;
 pub mod trace;
+pub mod uprobes;
 
 pub use trace::{TraceOutcome, trace};

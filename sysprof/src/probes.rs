@@ -12,14 +12,15 @@ use aya::{
     Btf, Ebpf, EbpfLoader, Pod,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
-        BtfTracePoint, PerfEvent, ProgramError, RawTracePoint,
+        BtfTracePoint, PerfEvent, ProgramError, RawTracePoint, UProbe,
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
 use serde::Serialize;
 use sysprof_common::{
-    Config, Counter, LatencyHistogram, OffCpuKey, OffCpuValue, SampleKey, SyscallErrorKey, SyscallKey,
-    SyscallSlot, SyscallStats, ThreadSched, names,
+    CallKey, CallStats, Config, Counter, LatencyHistogram, OffCpuKey, OffCpuValue, SampleKey,
+    SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, ThreadSched, names,
 };
 
 use crate::{config::SampleEvent, error::Error};
@@ -130,6 +131,19 @@ impl Probes {
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         targets.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the targets"))?;
         // Per-CPU caches may hold an older "not a target" verdict for this pid.
+        self.bump_targets_generation()
+    }
+
+    /// Takes a process out of the in-kernel target set.
+    pub fn remove_target_process(&mut self, pid: u32) -> anyhow::Result<()> {
+        let mut targets: BpfHashMap<&mut MapData, u32, u8> =
+            BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
+        let _ = targets.remove(&pid);
+        self.bump_targets_generation()
+    }
+
+    /// Tells the per-CPU target caches that the set changed.
+    fn bump_targets_generation(&mut self) -> anyhow::Result<()> {
         let mut generation: Array<&mut MapData, u64> =
             Array::try_from(self.map_mut(names::TARGETS_GENERATION)?)?;
         let current = generation.get(&0, 0)?;
@@ -236,6 +250,54 @@ impl Probes {
         Ok(())
     }
 
+    /// Attaches the call programs (entry and return) at `offset` in `path` with `cookie`, for
+    /// every process (the programs filter targets in the kernel, children included). The return
+    /// probe goes first: a call caught entering but not returning would look open forever.
+    pub fn attach_call(&mut self, path: &std::path::Path, offset: u64, cookie: u64) -> anyhow::Result<()> {
+        for name in ["call_return", "call_enter"] {
+            let program: &mut UProbe = program_mut(&mut self.ebpf, name)?.try_into()?;
+            if program.fd().is_err() {
+                program.load().map_err(|e| rejected(name, e))?;
+            }
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: Some(cookie),
+            };
+            program
+                .attach(point, path, UProbeScope::AllProcesses)
+                .with_context(|| format!("attaching {name} at {offset:#x} in {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Records, for Part B, that the call programs were attached `links` times to `what`.
+    pub fn note_call_probes(&mut self, what: &str, links: u32) {
+        for (name, kind) in [("call_enter", "uprobe"), ("call_return", "uretprobe")] {
+            let program_id = self.ebpf.program(name).and_then(|p| p.info().ok()).map_or(0, |info| info.id());
+            self.attached.push(AttachedProbe {
+                program: name.into(),
+                kind: kind.into(),
+                attached_to: what.to_string(),
+                links,
+                program_id,
+            });
+        }
+    }
+
+    /// The ring buffer of call events, for the collector to own.
+    pub fn take_call_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(names::CALL_EVENTS)
+            .with_context(|| format!("map {} missing from the BPF object", names::CALL_EVENTS))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Reads the probed calls' counts and latencies.
+    pub fn calls(&self) -> anyhow::Result<Vec<(CallKey, CallStats)>> {
+        self.entries(names::CALLS)
+    }
+
     /// The ring buffer of process events, for the collector to own.
     pub fn take_process_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
         let map = self
@@ -307,7 +369,8 @@ impl Probes {
         map.iter().collect::<Result<_, _>>().with_context(|| format!("reading map {name}"))
     }
 
-    fn stacks(&self, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
+    /// The stacks with these ids: stack id -> instruction pointers, innermost first.
+    pub fn stacks(&self, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
         let map = StackTraceMap::try_from(self.map(names::STACKS)?)?;
         let mut stacks = HashMap::with_capacity(ids.len());
         for &id in ids {
@@ -342,8 +405,10 @@ impl Probes {
 
     /// Run count and time of each attached program (zero where the kernel keeps no stats).
     pub fn costs(&self) -> Vec<ProgramCost> {
+        let mut seen = BTreeSet::new();
         self.attached
             .iter()
+            .filter(|probe| seen.insert(probe.program.clone()))
             .filter_map(|probe| {
                 let info = self.ebpf.program(&probe.program)?.info().ok()?;
                 Some(ProgramCost {
@@ -357,7 +422,8 @@ impl Probes {
 
     /// Detaches and unloads everything, then checks with the kernel that no program remains.
     pub fn detach(self) -> DetachReport {
-        let ids: Vec<u32> = self.attached.iter().map(|probe| probe.program_id).collect();
+        let ids: Vec<u32> =
+            self.attached.iter().map(|probe| probe.program_id).collect::<BTreeSet<_>>().into_iter().collect();
         drop(self.ebpf);
         // The kernel frees programs after an RCU grace period once the last fd closes.
         let deadline = Instant::now() + Duration::from_secs(2);

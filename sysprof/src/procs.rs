@@ -16,6 +16,8 @@ const NEW_PROCESS_RESCANS: [Duration; 4] =
     [Duration::from_millis(5), Duration::from_millis(30), Duration::from_millis(200), Duration::from_secs(1)];
 /// Then re-read live processes this often, for libraries loaded later (dlopen).
 const RESCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// How often when libraries loaded later must be probed soon (GPU tracing, --func).
+pub const FAST_RESCAN_INTERVAL: Duration = Duration::from_millis(200);
 /// Beyond this many live processes (--all on a big host), periodic rescans stop: new processes
 /// and the end of the trace still get theirs.
 const MAX_PERIODIC_RESCANS: usize = 128;
@@ -35,14 +37,28 @@ pub struct ProcessRecord {
 }
 
 /// Every process seen during the trace, by pid.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ProcessTable {
     processes: HashMap<u32, ProcessRecord>,
+    rescan_interval: Duration,
+    /// Bumped whenever a process's known maps change (a library loaded).
+    maps_version: u64,
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        ProcessTable { processes: HashMap::new(), rescan_interval: RESCAN_INTERVAL, maps_version: 0 }
+    }
 }
 
 impl ProcessTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Re-reads live processes' maps this often (libraries loaded with dlopen show up then).
+    pub fn set_rescan_interval(&mut self, interval: Duration) {
+        self.rescan_interval = interval;
     }
 
     /// Records a process that was running when the trace started, reading its maps now.
@@ -51,7 +67,7 @@ impl ProcessTable {
         if record.name.is_empty() {
             record.name = read_comm(pid).unwrap_or_default();
         }
-        scan(pid, record, Instant::now());
+        self.maps_version += u64::from(scan(pid, record, Instant::now()));
     }
 
     /// Applies one event from the kernel.
@@ -68,7 +84,7 @@ impl ProcessTable {
                 record.started_during_trace = true;
                 record.maps = inherited;
                 record.early_scans = 0;
-                scan(event.pid, record, now);
+                self.maps_version += u64::from(scan(event.pid, record, now));
             }
             process_event::EXEC => {
                 let record = self.processes.entry(event.pid).or_default();
@@ -76,7 +92,7 @@ impl ProcessTable {
                 record.started_during_trace = true;
                 record.maps = None;
                 record.early_scans = 0;
-                scan(event.pid, record, now);
+                self.maps_version += u64::from(scan(event.pid, record, now));
             }
             process_event::EXIT => {
                 let record = self.processes.entry(event.pid).or_default();
@@ -84,7 +100,7 @@ impl ProcessTable {
                     record.name = comm;
                 }
                 // Usually too late (the address space is gone), but costs nothing to try.
-                scan(event.pid, record, now);
+                self.maps_version += u64::from(scan(event.pid, record, now));
                 record.exited = true;
             }
             _ => {}
@@ -99,12 +115,12 @@ impl ProcessTable {
         for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
             let Some(last) = record.last_scan else { continue };
             let due = match NEW_PROCESS_RESCANS.get(record.early_scans) {
-                Some(&delay) if record.started_during_trace => now >= last + delay,
-                _ => live <= MAX_PERIODIC_RESCANS && now >= last + RESCAN_INTERVAL,
+                Some(&delay) if record.started_during_trace => now >= last + delay.min(self.rescan_interval),
+                _ => live <= MAX_PERIODIC_RESCANS && now >= last + self.rescan_interval,
             };
             if due {
                 record.early_scans += 1;
-                scan(pid, record, now);
+                self.maps_version += u64::from(scan(pid, record, now));
             }
         }
     }
@@ -120,8 +136,18 @@ impl ProcessTable {
     pub fn final_scan(&mut self) {
         let now = Instant::now();
         for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
-            scan(pid, record, now);
+            self.maps_version += u64::from(scan(pid, record, now));
         }
+    }
+
+    /// Changes whenever some process's known maps change.
+    pub fn maps_version(&self) -> u64 {
+        self.maps_version
+    }
+
+    /// Every process seen, by pid.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &ProcessRecord)> {
+        self.processes.iter().map(|(pid, record)| (*pid, record))
     }
 
     pub fn get(&self, pid: u32) -> Option<&ProcessRecord> {
@@ -144,14 +170,22 @@ impl ProcessTable {
 
 /// Reads the maps of `pid`, merging them into what is known (a failed read keeps the old
 /// snapshot: the process may be exiting).
-fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) {
+/// Returns whether the known maps changed.
+fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
     record.last_scan = Some(now);
     match ProcessMaps::read(pid) {
         Ok(maps) if !maps.is_empty() => match &mut record.maps {
-            Some(known) => known.merge_later(maps),
-            None => record.maps = Some(maps),
+            Some(known) => {
+                let before = known.clone();
+                known.merge_later(maps);
+                *known != before
+            }
+            None => {
+                record.maps = Some(maps);
+                true
+            }
         },
-        _ => {}
+        _ => false,
     }
 }
 

@@ -3,32 +3,37 @@
 //! targets' exit), the probes are detached and everything collected is written.
 
 use std::{
+    collections::{BTreeSet, HashMap},
     path::PathBuf,
     time::{Duration, SystemTime},
 };
 
 use anyhow::Context as _;
-use sysprof_common::{Config, Counter, filter};
+use sysprof_common::{CallKey, CallStats, Config, Counter, filter};
 
 use crate::{
     btf::{self, TaskOffsets},
-    collect::{self, EndReason, Signals, StatusLine, StopPlan},
+    callsites::CallNames,
+    collect::{self, CallTracing, EndReason, Signals, StatusLine, StopPlan},
     config::{Family, Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
+    funcs::FuncTracer,
+    gpu::{self, GpuTracer},
     launch::{self, GatedChild},
     output::{Artifact, OutputDir, thousands},
     privileges,
     probes::{
         AttachedProbe, Counters, CpuSamples, DetachReport, Probes, ProgramCost, SchedDump, SyscallDump,
     },
-    procs::ProcessTable,
+    procs::{self, ProcessTable},
     profile::{self, ResolvedStacks, StackProfile},
     report::{self, Instrumentation, Lost, Report, RunSummary},
     sched, selfcost,
     symbolize::Symbolizer,
     syscalls,
     target::{self, ResolvedTarget},
+    uprobes::calibrate,
 };
 
 /// How a trace ended, for the caller and the exit code.
@@ -128,13 +133,32 @@ async fn run(
     mut resolved: ResolvedTarget,
     bpf_config: Config,
     output: OutputDir,
-    limitations: Vec<String>,
+    mut limitations: Vec<String>,
     mut signals: Signals,
 ) -> anyhow::Result<TraceOutcome> {
     let started_at = SystemTime::now();
 
     // Load/attach.
     let mut probes = Probes::load(&bpf_config, config.stack_storage_size)?;
+    let mut calls = CallTracing {
+        gpu: config
+            .wants(Family::Gpu)
+            .then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
+        funcs: FuncTracer::new(config.functions.clone()),
+        events: None,
+        seen_maps: 0,
+    };
+    let mut probe_cost_ns = None;
+    if calls.gpu.is_some() || !calls.funcs.is_empty() {
+        calls.events = Some(probes.take_call_events()?);
+        // Before the other programs attach: sysprof is briefly its own target here.
+        match calibrate::measure_probe_cost(&mut probes) {
+            Ok(ns) => probe_cost_ns = Some(ns),
+            Err(error) => {
+                limitations.push(format!("the cost of a probe hit could not be measured: {error:#}"))
+            }
+        }
+    }
     if resolved.filter == filter::TARGETS {
         for &pid in &resolved.pids {
             probes.add_target_process(pid)?;
@@ -170,9 +194,22 @@ async fn run(
     }
 
     let mut processes = ProcessTable::new();
+    if calls.events.is_some() {
+        processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
+    }
     for &pid in &resolved.pids {
         processes.observe_existing(pid);
     }
+    if let Some(gpu) = &mut calls.gpu {
+        gpu.attach_initial(&mut probes, &processes);
+        if let Some(gated) = &gated {
+            gpu.attach_needed(&mut probes, gated.program());
+        }
+    }
+    if let Some(gated) = &gated {
+        calls.funcs.attach_for_program(&mut probes, gated.program());
+    }
+    calls.funcs.attach_ready(&mut probes, &processes);
     let ticks_at_start = CpuTicks::now();
     let command_exit = match gated {
         Some(gated) => Some(collect::watch_child(gated.release()?)),
@@ -205,7 +242,8 @@ async fn run(
     };
     let is_command = plan.command_exit.is_some();
     let collect::Collected { ended_by, elapsed, stats_coverage } =
-        collect::collect(&mut probes, events, &mut processes, plan, &mut signals, &status).await?;
+        collect::collect(&mut probes, events, &mut calls, &mut processes, plan, &mut signals, &status)
+            .await?;
     status.finish();
     let machine_busy_share =
         ticks_at_start.zip(CpuTicks::now()).and_then(|(start, end)| start.busy_share_until(&end));
@@ -239,7 +277,7 @@ async fn run(
         machine_busy_share,
         stats_coverage,
     };
-    let finish = Finish { config, probes, processes, output, limitations, window };
+    let finish = Finish { config, probes, processes, output, limitations, window, calls, probe_cost_ns };
     tokio::task::spawn_blocking(move || finish.run()).await.context("writing the results")?
 }
 
@@ -262,6 +300,9 @@ struct KernelData {
     cpu: CpuSamples,
     sched: Option<SchedDump>,
     syscalls: Option<SyscallDump>,
+    /// Probed calls (GPU APIs, --func) and the stacks they and the GPU state refer to.
+    calls: Vec<(CallKey, CallStats)>,
+    call_stacks: HashMap<u32, Vec<u64>>,
     costs: Vec<ProgramCost>,
     stats_available: bool,
     attached: Vec<AttachedProbe>,
@@ -276,18 +317,60 @@ struct Finish {
     output: OutputDir,
     limitations: Vec<String>,
     window: Window,
+    calls: CallTracing,
+    /// Measured cost of one probed call, when calls were probed.
+    probe_cost_ns: Option<f64>,
 }
 
 impl Finish {
     fn run(self) -> anyhow::Result<TraceOutcome> {
-        let Finish { config, probes, mut processes, output, mut limitations, window } = self;
-        let kernel = read_out(&config, probes)?;
+        let Finish { config, probes, mut processes, output, mut limitations, window, calls, probe_cost_ns } =
+            self;
+        let kernel = read_out(&config, probes, &calls)?;
         processes.final_scan();
 
         // Aggregate and symbolize.
         let mut symbolizer = Symbolizer::new();
         let cpu = profile::cpu_profile(&kernel.cpu, &mut processes, &mut symbolizer);
         let offcpu = kernel.sched.as_ref().map(|dump| offcpu_profile(dump, &mut processes, &mut symbolizer));
+        let names = CallNames::new(
+            &kernel.calls,
+            calls.gpu.as_ref().map(|gpu| &gpu.state),
+            &kernel.call_stacks,
+            &mut processes,
+            &mut symbolizer,
+        );
+        let wall_s = window.elapsed.as_secs_f64();
+        let gpu = calls.gpu.as_ref().map(|tracer| {
+            let gpu_calls: Vec<_> = kernel
+                .calls
+                .iter()
+                .filter(|(key, _)| gpu::functions::by_id(key.func).is_some())
+                .copied()
+                .collect();
+            gpu::report::build(
+                tracer.libraries.clone(),
+                &tracer.state,
+                &gpu_calls,
+                &names,
+                wall_s,
+                probe_cost_ns,
+            )
+        });
+        if let Some(tracer) = &calls.gpu {
+            limitations.extend(tracer.problems.iter().cloned());
+            if tracer.libraries.is_empty() {
+                let line =
+                    "no CUDA runtime, driver or NCCL library was mapped by the target: no GPU calls traced";
+                if !config.quiet {
+                    eprintln!("sysprof: {line}");
+                }
+                limitations.push(line.to_string());
+            }
+        }
+        limitations.extend(calls.funcs.problems.iter().cloned());
+        limitations.extend(calls.funcs.unresolved());
+        let functions = calls.funcs.rows(&kernel.calls, &names);
 
         // Write.
         let mut files = Vec::new();
@@ -335,6 +418,9 @@ impl Finish {
         if let Some(syscalls) = &syscalls {
             recommendations.extend(report::syscall_recommendations(syscalls));
         }
+        if let Some(gpu) = &gpu {
+            recommendations.extend(gpu::report::recommendations(gpu, wall_s));
+        }
         recommendations.sort_by(|a, b| b.impact.total_cmp(&a.impact));
         let report = Report {
             sysprof_version: env!("CARGO_PKG_VERSION").into(),
@@ -362,6 +448,8 @@ impl Finish {
             hotspots,
             sched,
             syscalls,
+            gpu,
+            functions,
             recommendations,
             overhead: selfcost::overhead(
                 kernel.costs,
@@ -394,16 +482,36 @@ impl Finish {
 
 /// Reads every map the run filled, then detaches everything: the probes go before the slow
 /// stages (symbolization), and the detach is verified.
-fn read_out(config: &TraceConfig, probes: Probes) -> anyhow::Result<KernelData> {
+fn read_out(config: &TraceConfig, probes: Probes, tracing: &CallTracing) -> anyhow::Result<KernelData> {
     let counters = probes.counters()?;
     let cpu = probes.cpu_samples()?;
     let sched = config.wants(Family::Sched).then(|| probes.sched()).transpose()?;
     let syscalls = config.wants(Family::Syscalls).then(|| probes.syscalls()).transpose()?;
+    let probed = tracing.gpu.is_some() || !tracing.funcs.is_empty();
+    let calls = if probed { probes.calls()? } else { Vec::new() };
+    let mut stack_ids: BTreeSet<u32> =
+        calls.iter().filter_map(|(key, _)| u32::try_from(key.user_stack_id).ok()).collect();
+    if let Some(gpu) = &tracing.gpu {
+        stack_ids.extend(gpu.state.live().filter_map(|(_, a)| u32::try_from(a.user_stack_id).ok()));
+        stack_ids.extend(gpu.state.h2d.iter().filter_map(|c| u32::try_from(c.user_stack_id).ok()));
+    }
+    let call_stacks = probes.stacks(&stack_ids)?;
     let costs = probes.costs();
     let stats_available = probes.stats_available();
     let attached = probes.attached().to_vec();
     let detach = probes.detach();
-    Ok(KernelData { counters, cpu, sched, syscalls, costs, stats_available, attached, detach })
+    Ok(KernelData {
+        counters,
+        cpu,
+        sched,
+        syscalls,
+        calls,
+        call_stacks,
+        costs,
+        stats_available,
+        attached,
+        detach,
+    })
 }
 
 /// Off-CPU time by stack, weighted in microseconds, with why the thread was off CPU as the
@@ -430,6 +538,8 @@ fn lost(counters: &Counters) -> Lost {
         syscalls: counters.get(Counter::SyscallsLost),
         sched_events: counters.get(Counter::SchedLost),
         offcpu_intervals: counters.get(Counter::OffCpuLost),
+        calls: counters.get(Counter::CallsLost),
+        call_events: counters.get(Counter::CallEventsLost),
     }
 }
 

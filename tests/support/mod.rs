@@ -55,11 +55,88 @@ pub fn workload(name: &str) -> PathBuf {
         .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
         .arg(&binary)
         .arg(&source)
+        .arg("-ldl")
         .status()
         .unwrap_or_else(|e| panic!("running {cc} for {name}: {e}"));
     assert!(status.success(), "building workload {name} failed");
     built.insert(name.to_string(), binary.clone());
     binary
+}
+
+/// NVIDIA's real libcudart.so.12 and libnccl.so.2 (from PyPI, fetched by `cargo xtask test`
+/// into a cache outside the repository), or `None` when the test must skip.
+pub fn nvidia_libraries(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("SYSPROF_NVIDIA_LIBS").map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+        home.join(".cache/sysprof/nvidia/lib")
+    });
+    if dir.join("libcudart.so.12").is_file() && dir.join("libnccl.so.2").is_file() {
+        return Some(dir);
+    }
+    if std::env::var_os("CI").is_some_and(|v| v != "false" && v != "0") {
+        panic!(
+            "{test}: NVIDIA's libraries are missing from {} (cargo xtask test fetches them)",
+            dir.display()
+        );
+    }
+    eprintln!("skipped {test}: NVIDIA's libraries are not in {} (run cargo xtask test once)", dir.display());
+    None
+}
+
+/// The test doubles of libcudart, libcuda and libnccl (tests/doubles), built once.
+pub fn gpu_doubles() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/doubles");
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("doubles");
+            std::fs::create_dir_all(&dir).unwrap();
+            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+            for (file, soname, extra) in [
+                ("cuda_driver_double.c", "libcuda.so.1", &[][..]),
+                ("cudart_double.c", "libcudart.so.12", &["-L", "{dir}", "-l:libcuda.so.1"][..]),
+                ("nccl_double.c", "libnccl.so.2", &[][..]),
+            ] {
+                let status = Command::new(&cc)
+                    .args(["-O1", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC"])
+                    .arg(format!("-Wl,-soname,{soname}"))
+                    .arg("-o")
+                    .arg(dir.join(soname))
+                    .arg(source.join(file))
+                    .args(extra.iter().map(|a| a.replace("{dir}", &dir.display().to_string())))
+                    .status()
+                    .unwrap();
+                assert!(status.success(), "building test double {file} failed");
+            }
+            dir
+        })
+        .clone()
+}
+
+/// `tests/workloads/gpu_app.c`, linked against libcudart.so.12 and libnccl.so.2 by name (the
+/// doubles at link time; LD_LIBRARY_PATH chooses at run time).
+pub fn gpu_app() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let doubles = gpu_doubles();
+            let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("workloads/gpu_app");
+            std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/gpu_app.c");
+            let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+                .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+                .arg(&binary)
+                .arg(&source)
+                .arg("-L")
+                .arg(&doubles)
+                .arg(format!("-Wl,-rpath-link,{}", doubles.display()))
+                .args(["-l:libcudart.so.12", "-l:libnccl.so.2"])
+                .status()
+                .unwrap();
+            assert!(status.success(), "building gpu_app failed");
+            binary
+        })
+        .clone()
 }
 
 /// A background process killed when dropped, so a failing test leaves nothing running.
@@ -136,7 +213,7 @@ pub fn loaded_program_names() -> Vec<String> {
 }
 
 /// sysprof's program names, as the kernel lists them.
-pub const SYSPROF_PROGRAMS: [&str; 8] = [
+pub const SYSPROF_PROGRAMS: [&str; 10] = [
     "cpu_sample",
     "process_fork",
     "process_exec",
@@ -145,6 +222,8 @@ pub const SYSPROF_PROGRAMS: [&str; 8] = [
     "sched_wakeup",
     "syscall_enter",
     "syscall_exit",
+    "call_enter",
+    "call_return",
 ];
 
 /// Asserts no sysprof program is loaded (after a run has exited).

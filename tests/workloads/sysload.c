@@ -8,6 +8,9 @@
 //   sysload pingpong N            N round trips of one byte between two processes over pipes;
 //                                 prints "ns_per_call=X" per round trip
 //   sysload smallwrites N         N one-byte writes to /dev/null
+//   sysload negatives N           N calls of maybe_fail, half of which return -1
+//   sysload probecall N           N calls of probed_function; prints "ns_per_call=X" (the
+//                                 uprobe benchmark's timer)
 //   sysload lockstorm THREADS SECONDS
 //                                 THREADS threads fighting over one mutex in contended_worker
 //
@@ -37,6 +40,13 @@ static void sleep_us(long us) {
 }
 
 __attribute__((noinline)) void sleep_in_named_function(long ms) { sleep_us(ms * 1000); }
+
+__attribute__((noinline)) int maybe_fail(int i) { return i % 2 ? -1 : i; }
+
+__attribute__((noinline)) long probed_function(long i) {
+    __asm__ volatile("" ::: "memory");
+    return i + 1;
+}
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile uint64_t shared_counter;
@@ -74,6 +84,19 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "badclose") == 0) {
         long n = atol(argv[2]);
         for (long i = 0; i < n; i++) close(-1);
+        return 0;
+    }
+    if (strcmp(mode, "probecall") == 0) {
+        long n = atol(argv[2]), x = 0;
+        double start = now();
+        for (long i = 0; i < n; i++) x = probed_function(x);
+        printf("ns_per_call=%.2f\n", (now() - start) * 1e9 / n);
+        return x == n ? 0 : 1;
+    }
+    if (strcmp(mode, "negatives") == 0) {
+        long n = atol(argv[2]), failed = 0;
+        for (long i = 0; i < n; i++) failed += maybe_fail((int)i) < 0;
+        printf("failed=%ld\n", failed);
         return 0;
     }
     if (strcmp(mode, "smallwrites") == 0) {

@@ -34,6 +34,9 @@ enum Bench {
     /// Pipe ping-pong between two processes: ns added per round trip (four context switches) by
     /// sysprof's scheduler tracing and by bpftrace on sched_switch
     Sched,
+    /// A function called in a loop: ns added per call by a sysprof probe (`--func`, the
+    /// machinery of the CUDA/NCCL probes) and by bpftrace uprobe+uretprobe
+    Uprobe,
     /// All of the above
     All,
 }
@@ -87,6 +90,9 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     if all || args.bench == Bench::Sched {
         runner.sched()?;
+    }
+    if all || args.bench == Bench::Uprobe {
+        runner.uprobe()?;
     }
     Ok(())
 }
@@ -179,6 +185,26 @@ impl Runner<'_> {
         );
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per round trip");
+        Ok(())
+    }
+
+    fn uprobe(&self) -> anyhow::Result<()> {
+        let sysload = build_workload(self.root, self.out, "sysload")?;
+        let binary = sysload.display().to_string();
+        let workload = vec![binary.clone(), "probecall".into(), "200000".into()];
+        let func = format!("{binary}:probed_function");
+        let mut configs = vec![
+            Config { name: "bare".into(), argv: workload.clone() },
+            self.sysprof_config("sysprof --func", &["--focus", "gpu", "--func", &func], &workload),
+        ];
+        let script = format!(
+            "uprobe:{binary}:probed_function {{ @start[tid] = nsecs; }}\n\
+             uretprobe:{binary}:probed_function /@start[tid]/ {{ @lat = hist(nsecs - @start[tid]); delete(@start[tid]); }}\n"
+        );
+        configs.extend(self.bpftrace_config(&script, &workload)?);
+        println!("\nuprobe: probed_function x 200,000, {} rounds, medians", self.runs);
+        let measured = measure(&configs, self.runs, "ns_per_call")?;
+        print_added(&measured, "ns per call");
         Ok(())
     }
 

@@ -4,10 +4,12 @@
 //!   against nightly's own LLVM) when missing, then builds the BPF object.
 //! - `build`: the BPF object and a release sysprof.
 //! - `run -- ARGS`: builds, then runs sysprof with ARGS (through sudo when not root).
-//! - `test`: builds, then runs every test.
+//! - `test`: builds, fetches NVIDIA's CUDA runtime and NCCL (PyPI wheels, cached outside the
+//!   repository) for the GPU tests, then runs every test.
 //! - `bench`: overhead of sysprof beside perf and bpftrace, measured in one run.
 
 mod bench;
+mod nvidia;
 mod toolchain;
 
 use std::{
@@ -96,13 +98,21 @@ fn run_sysprof(binary: &Path, args: &[String]) -> anyhow::Result<()> {
 
 fn test(root: &Path, args: &[String]) -> anyhow::Result<()> {
     toolchain::build_ebpf(root)?;
+    let mut cargo_test = Command::new(cargo());
+    match nvidia::ensure() {
+        Ok(dir) => {
+            cargo_test.env("SYSPROF_NVIDIA_LIBS", dir);
+        }
+        Err(error) if std::env::var_os("CI").is_some() => return Err(error),
+        Err(error) => eprintln!("xtask: {error:#}: the tests on NVIDIA's real libraries will skip"),
+    }
     if !is_root() {
         eprintln!(
             "xtask: not root: tests that load BPF programs will skip (run `sudo -E env PATH=$PATH cargo xtask test` \
              to run them)"
         );
     }
-    run(Command::new(cargo()).current_dir(root).args(["test", "--workspace"]).args(args))
+    run(cargo_test.current_dir(root).args(["test", "--workspace"]).args(args))
 }
 
 fn is_root() -> bool {

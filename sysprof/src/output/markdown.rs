@@ -4,7 +4,7 @@
 use std::{fmt::Write as _, path::Path};
 
 use super::{Artifact, Sink, write_file};
-use crate::{latency::format_ns, report::Report};
+use crate::{gpu::report::bytes, latency::format_ns, report::Report};
 
 /// Rows in the syscall table (report.json has them all).
 const SYSCALL_ROWS: usize = 25;
@@ -33,6 +33,8 @@ pub fn render(report: &Report) -> String {
     cpu(&mut out, report);
     sched(&mut out, report);
     syscalls(&mut out, report);
+    gpu(&mut out, report);
+    functions(&mut out, report);
     overhead(&mut out, report);
     limitations(&mut out, report);
     part_b(&mut out, report);
@@ -296,6 +298,239 @@ fn syscalls(out: &mut String, report: &Report) {
     if syscalls.rows.len() > SYSCALL_ROWS {
         let _ = writeln!(out, "{} more rows in report.json.\n", syscalls.rows.len() - SYSCALL_ROWS);
     }
+}
+
+fn gpu(out: &mut String, report: &Report) {
+    let Some(gpu) = &report.gpu else { return };
+    if gpu.libraries.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "### Interconnect: CPU-GPU transfers\n");
+    let probed: Vec<String> =
+        gpu.libraries.iter().map(|l| format!("{} ({} functions)", l.path.display(), l.functions)).collect();
+    let _ = writeln!(
+        out,
+        "Probed: {}. Sizes are what each call asked to move (failed calls included, counted under \
+         errors); bandwidth is bytes over time of the successful synchronous copies (asynchronous ones \
+         return before the copy is done).\n",
+        probed.join("; ")
+    );
+    if gpu.interconnect.is_empty() {
+        let _ = writeln!(out, "No transfers.\n");
+    } else {
+        let rows: Vec<Vec<String>> = gpu
+            .interconnect
+            .iter()
+            .map(|t| {
+                vec![
+                    t.kind.clone(),
+                    thousands(t.calls),
+                    thousands(t.errors),
+                    format!("{:.1}", t.calls_per_s),
+                    format!("{} / {} / {}", bytes(t.size_p50), bytes(t.size_p99), bytes(t.size_max)),
+                    bytes(t.total_bytes),
+                    format!("{} / {}", format_ns(t.latency_p50_ns), format_ns(t.latency_p99_ns)),
+                    t.bandwidth_gb_s.map(|b| format!("{b:.2} GB/s")).unwrap_or_else(|| "-".into()),
+                    format!("{} / {}", t.pinned, t.pageable),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &[
+                "Type",
+                "Calls",
+                "Errors",
+                "Calls/s",
+                "Size p50 / p99 / max",
+                "Total",
+                "Latency p50 / p99",
+                "Bandwidth",
+                "Pinned / pageable",
+            ],
+            &rows,
+        );
+    }
+    if !gpu.nccl.is_empty() {
+        let _ = writeln!(out, "### NCCL collectives\n");
+        let _ = writeln!(
+            out,
+            "Latency is host-side enqueue time: NCCL returns once the collective is queued. algbw/busbw \
+             use the time from the call to the thread's next synchronize, when there was one.\n"
+        );
+        let rows: Vec<Vec<String>> = gpu
+            .nccl
+            .iter()
+            .map(|n| {
+                let types: Vec<String> = n.datatypes.iter().map(|(t, c)| format!("{t} {c}")).collect();
+                vec![
+                    format!("{:?}", n.op),
+                    thousands(n.calls),
+                    thousands(n.errors),
+                    bytes(n.total_bytes),
+                    format!("{} / {} / {}", bytes(n.size_p50), bytes(n.size_p99), bytes(n.size_max)),
+                    format!("{} / {}", format_ns(n.enqueue_p50_ns), format_ns(n.enqueue_p99_ns)),
+                    match (n.algbw_gb_s, n.busbw_gb_s) {
+                        (Some(a), Some(b)) => format!("{a:.2} / {b:.2} GB/s"),
+                        _ => "- (no synchronize seen)".into(),
+                    },
+                    types.join(", "),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &[
+                "Op",
+                "Calls",
+                "Errors",
+                "Total",
+                "Size p50 / p99 / max",
+                "Enqueue p50 / p99",
+                "algbw / busbw",
+                "Data types",
+            ],
+            &rows,
+        );
+    }
+    let compute = &gpu.compute;
+    let _ = writeln!(out, "### GPU compute (host side)\n");
+    let launch = compute
+        .launch_latency
+        .map(|l| format!("{} / {}", format_ns(l.p50_ns), format_ns(l.p99_ns)))
+        .unwrap_or_else(|| "-".into());
+    let rows = vec![
+        vec!["Kernel launches".to_string(), format!("{} ({:.1}/s)", thousands(compute.launches), compute.launches_per_s)],
+        vec!["Launch overhead p50 / p99 (CPU time of the call)".into(), launch],
+        vec!["Graph launches".into(), thousands(compute.graph_launches)],
+        vec![
+            "Blocked in synchronization".into(),
+            format!("{:.3} s in {} calls", compute.sync_blocked_s, thousands(compute.sync_calls)),
+        ],
+        vec![
+            "Communication / computation (host-observed)".into(),
+            compute
+                .comm_to_compute
+                .map(|r| format!("{r:.2}: time in NCCL calls and synchronous copies over time blocked waiting for the GPU"))
+                .unwrap_or_else(|| "- (no synchronization seen)".into()),
+        ],
+    ];
+    table(out, &["", ""], &rows);
+    if !compute.top_kernels.is_empty() {
+        let rows: Vec<Vec<String>> = compute
+            .top_kernels
+            .iter()
+            .map(|k| {
+                vec![format!("`{}`", escape(&k.kernel)), thousands(k.launches), format_ns(k.launch_p50_ns)]
+            })
+            .collect();
+        table(out, &["Kernel (host stub)", "Launches", "Launch p50"], &rows);
+    }
+    if !compute.sync_sites.is_empty() {
+        let rows: Vec<Vec<String>> = compute
+            .sync_sites
+            .iter()
+            .map(|s| {
+                vec![
+                    format!("`{}`", s.function),
+                    escape(&s.call_site),
+                    thousands(s.calls),
+                    format!("{:.3} s", s.total_s),
+                ]
+            })
+            .collect();
+        table(out, &["Synchronization", "Called from", "Calls", "Blocked"], &rows);
+    }
+    if !gpu.memory.is_empty() {
+        let _ = writeln!(out, "### GPU memory (traced allocations)\n");
+        let rows: Vec<Vec<String>> = gpu
+            .memory
+            .iter()
+            .map(|m| {
+                vec![
+                    format!("{:?}", m.pool),
+                    if m.device < 0 { "host".into() } else { m.device.to_string() },
+                    bytes(m.current_bytes),
+                    bytes(m.peak_bytes),
+                    thousands(m.allocations),
+                    thousands(m.frees),
+                    thousands(m.failed),
+                    format!("{} / {}", bytes(m.size_p50), bytes(m.size_p99)),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &["Pool", "Device", "Allocated now", "Peak", "Allocations", "Frees", "Failed", "Size p50 / p99"],
+            &rows,
+        );
+        if !gpu.leaks.is_empty() {
+            let rows: Vec<Vec<String>> = gpu
+                .leaks
+                .iter()
+                .take(10)
+                .map(|l| {
+                    vec![
+                        format!("{:?}", l.pool),
+                        l.device.to_string(),
+                        thousands(l.allocations),
+                        bytes(l.bytes),
+                        escape(&l.call_site),
+                    ]
+                })
+                .collect();
+            let _ = writeln!(out, "Still allocated when the trace ended (leaks, if the program was done):\n");
+            table(out, &["Pool", "Device", "Allocations", "Bytes", "Allocated from"], &rows);
+        }
+    }
+    if let Some(cost) = gpu.probe_cost {
+        let _ = writeln!(
+            out,
+            "Probe cost: {} probed calls at {:.0} ns each (measured on this machine: uprobe trap plus \
+             sysprof's programs) added {:.3} s to the target's threads.\n",
+            thousands(cost.hits),
+            cost.ns_per_call,
+            cost.added_s
+        );
+    }
+}
+
+fn functions(out: &mut String, report: &Report) {
+    if report.functions.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "### Timed functions (--func)\n");
+    let rows: Vec<Vec<String>> = report
+        .functions
+        .iter()
+        .map(|f| {
+            let callers: Vec<String> = f
+                .callers
+                .iter()
+                .take(3)
+                .map(|(site, n)| format!("{} ({})", escape(site), thousands(*n)))
+                .collect();
+            vec![
+                format!("`{}`", escape(&f.function)),
+                escape(&f.binary),
+                thousands(f.calls),
+                format!(
+                    "{} / {} / {}",
+                    format_ns(f.latency.p50_ns),
+                    format_ns(f.latency.p99_ns),
+                    format_ns(f.latency.max_ns)
+                ),
+                format_ns(f.latency.total_ns),
+                thousands(f.negative_returns),
+                callers.join(", "),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &["Function", "Binary", "Calls", "p50 / p99 / max", "Total", "Negative returns", "Callers"],
+        &rows,
+    );
 }
 
 fn overhead(out: &mut String, report: &Report) {

@@ -12,6 +12,8 @@ pub use self::{
 };
 use crate::{
     config::SampleEvent,
+    funcs::FuncRow,
+    gpu::report::GpuReport,
     probes::{AttachedProbe, DetachReport, ProgramCost},
     sched::SchedReport,
     syscalls::SyscallReport,
@@ -30,6 +32,10 @@ pub struct Report {
     pub sched: Option<SchedReport>,
     /// Syscalls per process (None when syscalls were not traced).
     pub syscalls: Option<SyscallReport>,
+    /// CUDA and NCCL calls (None when the GPU family was off).
+    pub gpu: Option<GpuReport>,
+    /// Functions timed with --func.
+    pub functions: Vec<FuncRow>,
     /// Ranked by expected impact, largest first.
     pub recommendations: Vec<Recommendation>,
     pub overhead: Overhead,
@@ -81,6 +87,10 @@ pub struct Lost {
     pub sched_events: u64,
     /// Off-CPU intervals not counted because the off-CPU map was full.
     pub offcpu_intervals: u64,
+    /// Probed calls not counted (call map full).
+    pub calls: u64,
+    /// Call events dropped (ring buffer full): their arguments are missing from the GPU tables.
+    pub call_events: u64,
 }
 
 impl Lost {
@@ -93,6 +103,8 @@ impl Lost {
             + self.syscalls
             + self.sched_events
             + self.offcpu_intervals
+            + self.calls
+            + self.call_events
     }
 }
 

@@ -1,0 +1,259 @@
+//! Probed calls: one uprobe/uretprobe pair serves every function sysprof times (the CUDA
+//! runtime and driver, NCCL, `--func` functions). The attachment's cookie says which function
+//! it is and how to read it (see `sysprof_common::call`).
+//!
+//! Every call is counted and timed in the kernel by (process, function, call site); calls whose
+//! arguments matter (transfers, allocations, NCCL collectives) also go to userspace as one
+//! event each: rare and rich, the case a ring buffer is for. A call made inside another probed
+//! call on the same thread (the runtime calling the driver) is not counted again.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_attach_cookie,
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap, RingBuf},
+    programs::{ProbeContext, RetProbeContext, tracing::StackIdContext as _},
+};
+use sysprof_common::{
+    CallEvent, CallKey, CallStats, Counter, call, call::memcpy3d, call::memcpy3d_offsets, capacity, stack,
+};
+
+use crate::{counters, histogram::record, maps::STACKS, target, task_state::TaskStorage};
+
+#[map]
+static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries(capacity::CALLS, BPF_F_NO_PREALLOC);
+
+#[map]
+static CALL_EVENTS: RingBuf = RingBuf::with_byte_size(capacity::CALL_EVENTS, 0);
+
+/// A zeroed value to insert from: too big for the BPF stack.
+#[map]
+static ZERO_CALL_STATS: Array<CallStats> = Array::with_max_entries(1, 0);
+
+/// The outermost probed call in progress on a thread.
+#[repr(C)]
+pub struct CallInFlight {
+    cookie: u64,
+    start_ns: u64,
+    args: [u64; 8],
+    caller: u64,
+    /// Stack pointer at the outermost call's entry: a nested call runs below it.
+    entry_sp: u64,
+    user_stack_id: i32,
+    /// Probed calls open on this thread (nested ones included).
+    depth: u32,
+}
+
+#[aya_ebpf::macros::btf_map]
+static CALL_STATE: TaskStorage<CallInFlight> = TaskStorage::new();
+
+/// -EFAULT: no stack of the asked kind.
+const EFAULT: i32 = -14;
+
+#[uprobe]
+pub fn call_enter(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !target::is_current_target_cached(tgid) {
+        return 0;
+    }
+    let Some(state) = CALL_STATE.current(true) else {
+        return 0;
+    };
+    let sp = stack_pointer(&ctx);
+    // An open call whose frame is not above this one returned unseen (its return probe was
+    // not yet attached, or it left by longjmp): start afresh rather than stay "nested".
+    if state.depth > 0 && sp >= state.entry_sp {
+        state.depth = 0;
+    }
+    state.depth += 1;
+    if state.depth > 1 {
+        // Inside another probed call (cudaMemcpy calling cuMemcpyHtoD): counted once, outside.
+        return 0;
+    }
+    state.entry_sp = sp;
+    // SAFETY: plain helper call on this program's context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    state.cookie = cookie;
+    state.user_stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id as i32,
+        Err(EFAULT) => stack::NONE,
+        Err(_) => {
+            counters::add(Counter::UserStacksLost, 1);
+            stack::LOST
+        }
+    };
+    for (index, arg) in state.args.iter_mut().enumerate() {
+        *arg = argument(&ctx, index);
+    }
+    state.caller = return_address(&ctx);
+    if cookie & call::MEMCPY3D_PARAMS != 0 {
+        read_memcpy3d(&mut state.args);
+    }
+    // Last, so the time measured is the function's, not ours.
+    // SAFETY: plain helper call.
+    state.start_ns = unsafe { bpf_ktime_get_ns() };
+    0
+}
+
+#[uretprobe]
+pub fn call_return(ctx: RetProbeContext) -> u32 {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(state) = CALL_STATE.current(false) else {
+        return 0;
+    };
+    if state.depth == 0 {
+        return 0;
+    }
+    state.depth -= 1;
+    if state.depth > 0 {
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let ret: u64 = ctx.ret();
+    let cookie = state.cookie;
+    let failed = if cookie & call::ERROR_IF_NEGATIVE != 0 {
+        // A negative long, or a negative int (the upper half of the register is then zero).
+        (ret as i64) < 0 || (ret >> 32 == 0 && (ret as i32) < 0)
+    } else {
+        ret as u32 != 0
+    };
+    let duration = now.saturating_sub(state.start_ns);
+    let detail = if cookie & call::DETAIL_ARG0 != 0 {
+        state.args[0]
+    } else if cookie & call::DETAIL_ARG1 != 0 {
+        state.args[1]
+    } else {
+        0
+    };
+    let key = CallKey {
+        tgid: (pid_tgid >> 32) as u32,
+        func: (cookie & call::ID_MASK) as u32,
+        user_stack_id: state.user_stack_id,
+        _pad: 0,
+        detail,
+        caller: state.caller,
+    };
+    match stats_for(&key) {
+        Some(stats) => {
+            // SAFETY: map value pointer valid for this run.
+            let stats = unsafe { &mut *stats };
+            record(&mut stats.latency, duration);
+            if failed {
+                crate::atomic::add(&raw mut stats.errors, 1);
+            }
+        }
+        None => counters::add(Counter::CallsLost, 1),
+    }
+    if cookie & call::EVENT != 0 {
+        let out = if cookie & call::OUT_ARG0 != 0 && !failed {
+            // SAFETY: the helper checks the user address.
+            unsafe { bpf_probe_read_user(state.args[0] as *const u64) }.unwrap_or(0)
+        } else {
+            0
+        };
+        match CALL_EVENTS.reserve::<CallEvent>(0) {
+            Some(mut entry) => {
+                entry.write(CallEvent {
+                    func: key.func,
+                    tgid: key.tgid,
+                    tid: pid_tgid as u32,
+                    user_stack_id: state.user_stack_id,
+                    start_ns: state.start_ns,
+                    duration_ns: duration,
+                    ret: ret as i64,
+                    args: state.args,
+                    out,
+                    caller: state.caller,
+                });
+                entry.submit(0);
+            }
+            None => counters::add(Counter::CallEventsLost, 1),
+        }
+    }
+    0
+}
+
+/// Argument `index` (0..8) of the probed function, by the platform's calling convention.
+#[inline(always)]
+fn argument(ctx: &ProbeContext, index: usize) -> u64 {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        if index < 6 {
+            return ctx.arg::<u64>(index).unwrap_or(0);
+        }
+        // The seventh argument onwards is on the stack, above the return address.
+        // SAFETY: `regs` is the probe's register frame; the read of user memory is checked.
+        let sp = unsafe { (*ctx.regs).rsp };
+        unsafe { bpf_probe_read_user((sp + 8 * (index as u64 - 5)) as *const u64) }.unwrap_or(0)
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    {
+        ctx.arg::<u64>(index).unwrap_or(0)
+    }
+}
+
+/// The stack pointer at the probe.
+#[inline(always)]
+fn stack_pointer(ctx: &ProbeContext) -> u64 {
+    // SAFETY: `regs` is the probe's register frame.
+    #[cfg(bpf_target_arch = "x86_64")]
+    return unsafe { (*ctx.regs).rsp };
+    // SAFETY: as above.
+    #[cfg(bpf_target_arch = "aarch64")]
+    return unsafe { (*ctx.regs).sp };
+    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+    return 0;
+}
+
+/// Where the probed function returns to, read at its first instruction.
+#[inline(always)]
+fn return_address(ctx: &ProbeContext) -> u64 {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        // The call instruction just pushed it.
+        // SAFETY: `regs` is the probe's register frame; the read of user memory is checked.
+        let sp = unsafe { (*ctx.regs).rsp };
+        unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0)
+    }
+    #[cfg(bpf_target_arch = "aarch64")]
+    {
+        // The link register.
+        // SAFETY: `regs` is the probe's register frame.
+        unsafe { (*ctx.regs).regs[30] }
+    }
+    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+    {
+        0
+    }
+}
+
+/// Copies what a 3D copy moves out of its `cudaMemcpy3DParms` (argument 0).
+#[inline(always)]
+fn read_memcpy3d(args: &mut [u64; 8]) {
+    let params = args[0];
+    let read = |offset: u64| {
+        // SAFETY: the helper checks the user address.
+        unsafe { bpf_probe_read_user((params + offset) as *const u64) }.unwrap_or(0)
+    };
+    args[memcpy3d::SRC] = read(memcpy3d_offsets::SRC_PTR);
+    args[memcpy3d::DST] = read(memcpy3d_offsets::DST_PTR);
+    args[memcpy3d::WIDTH] = read(memcpy3d_offsets::EXTENT);
+    args[memcpy3d::HEIGHT] = read(memcpy3d_offsets::EXTENT + 8);
+    args[memcpy3d::DEPTH] = read(memcpy3d_offsets::EXTENT + 16);
+    args[memcpy3d::KIND] = read(memcpy3d_offsets::KIND) & 0xffff_ffff;
+}
+
+/// The statistics of `key`, inserted zeroed when new.
+#[inline(always)]
+fn stats_for(key: &CallKey) -> Option<*mut CallStats> {
+    if let Some(stats) = CALLS.get_ptr_mut(key) {
+        return Some(stats);
+    }
+    let zero = ZERO_CALL_STATS.get(0)?;
+    let _ = CALLS.insert(key, zero, BPF_NOEXIST as u64);
+    CALLS.get_ptr_mut(key)
+}

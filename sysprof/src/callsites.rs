@@ -1,0 +1,125 @@
+//! Names for probed calls: the call site (the caller, read from the return address at the
+//! call, or else the first frame of the program's own code on the stack, past the CUDA, NCCL and
+//! C libraries) and the kernels behind launches (their host stub symbols).
+
+use std::collections::HashMap;
+
+use sysprof_common::{CallKey, CallStats, stack};
+
+use crate::{
+    gpu::{
+        functions::{self, Kind},
+        report::Names,
+        state::GpuState,
+    },
+    procs::ProcessTable,
+    profile::{ResolvedStacks, StackSample},
+    symbolize::{Frame, Symbolizer},
+};
+
+/// Libraries whose frames are the mechanism of a call, not its caller.
+const RUNTIME_MODULES: [&str; 8] =
+    ["libcudart", "libcuda.", "libnccl", "libc.so", "libc-", "libstdc++", "libpthread", "ld-linux"];
+
+fn is_mechanism(frame: &Frame) -> bool {
+    frame.is_kernel()
+        || frame.module.is_empty()
+        || RUNTIME_MODULES.iter().any(|m| frame.module.starts_with(m))
+}
+
+/// Resolved call sites and kernel names.
+pub struct CallNames {
+    stacks: ResolvedStacks,
+    /// (process, address) -> innermost frame there: callers and launched kernels.
+    symbols: HashMap<(u32, u64), Frame>,
+}
+
+impl CallNames {
+    /// Resolves every stack, caller and launched kernel the calls and the GPU state refer to.
+    pub fn new(
+        calls: &[(CallKey, CallStats)],
+        gpu: Option<&GpuState>,
+        stacks: &HashMap<u32, Vec<u64>>,
+        processes: &mut ProcessTable,
+        symbolizer: &mut Symbolizer,
+    ) -> Self {
+        let mut sites: Vec<(u32, i32, u64)> =
+            calls.iter().map(|(key, _)| (key.tgid, key.user_stack_id, key.caller)).collect();
+        if let Some(gpu) = gpu {
+            sites.extend(gpu.live().map(|((tgid, _), a)| (*tgid, a.user_stack_id, a.caller)));
+            sites.extend(gpu.h2d.iter().map(|c| (c.tgid, c.user_stack_id, c.caller)));
+        }
+        let samples: Vec<StackSample> = sites.iter().map(|&(tgid, stack, _)| sample(tgid, stack)).collect();
+        let resolved = ResolvedStacks::resolve(&samples, stacks, processes, symbolizer);
+
+        // A return address points after the call: one byte back is inside it.
+        let mut addresses: HashMap<u32, Vec<u64>> = HashMap::new();
+        for &(tgid, _, caller) in &sites {
+            if caller != 0 {
+                addresses.entry(tgid).or_default().push(caller - 1);
+            }
+        }
+        for (key, _) in calls {
+            let launch = functions::by_id(key.func).is_some_and(|f| matches!(f.kind, Kind::Launch));
+            if launch && key.detail != 0 {
+                addresses.entry(key.tgid).or_default().push(key.detail);
+            }
+        }
+        let mut symbols = HashMap::new();
+        for (tgid, mut addrs) in addresses {
+            addrs.sort_unstable();
+            addrs.dedup();
+            let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
+            for (addr, frames) in symbolizer.user(tgid, maps, &addrs) {
+                if let Some(frame) = frames.last() {
+                    symbols.insert((tgid, addr), frame.clone());
+                }
+            }
+        }
+        CallNames { stacks: resolved, symbols }
+    }
+}
+
+fn sample(tgid: u32, user_stack_id: i32) -> StackSample {
+    StackSample {
+        tgid,
+        tid: tgid,
+        user_stack_id,
+        kernel_stack_id: stack::NONE,
+        comm: None,
+        weight: 0,
+        tag: 0,
+    }
+}
+
+fn describe(frame: &Frame) -> String {
+    format!("{} ({})", frame.function, frame.module)
+}
+
+impl Names for CallNames {
+    fn call_site(&self, tgid: u32, user_stack_id: i32, caller: u64) -> String {
+        if let Some(frame) = caller.checked_sub(1).and_then(|addr| self.symbols.get(&(tgid, addr)))
+            && !is_mechanism(frame)
+        {
+            return describe(frame);
+        }
+        if user_stack_id < 0 {
+            return "[no user stack]".into();
+        }
+        let frames = self.stacks.frames(&sample(tgid, user_stack_id));
+        frames
+            .iter()
+            .rev()
+            .find(|f| !is_mechanism(f))
+            .or_else(|| frames.last())
+            .map(describe)
+            .unwrap_or_else(|| "[no user stack]".into())
+    }
+
+    fn symbol(&self, tgid: u32, address: u64) -> String {
+        self.symbols
+            .get(&(tgid, address))
+            .map(|f| f.function.clone())
+            .unwrap_or_else(|| format!("{address:#x}"))
+    }
+}

@@ -1,0 +1,156 @@
+//! `--func BIN:SYMBOL`: time any function the user names, with no change to the target: calls,
+//! latency, negative returns, and the call sites, through the same uprobe programs as the GPU
+//! APIs. BIN is a path, or the file name of a binary or library the target maps (resolved when
+//! the target maps it, so `-- CMD` works too).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sysprof_common::{CallKey, CallStats};
+
+use crate::{
+    gpu::report::Names,
+    latency::{self, Percentiles},
+    probes::Probes,
+    procmaps::Backing,
+    procs::ProcessTable,
+    uprobes::{CallProbes, FuncSpec, USER_FUNCTION_BASE},
+};
+
+/// Attaches the requested functions when their binaries are known.
+#[derive(Debug, Default)]
+pub struct FuncTracer {
+    specs: Vec<FuncSpec>,
+    /// The file each spec resolved to, once attached.
+    attached: Vec<Option<PathBuf>>,
+    probes: CallProbes,
+    pub problems: Vec<String>,
+}
+
+/// One probed function in the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct FuncRow {
+    pub function: String,
+    pub binary: String,
+    pub calls: u64,
+    /// Calls that returned a negative value.
+    pub negative_returns: u64,
+    pub latency: Percentiles,
+    /// Where it was called from, most calls first.
+    pub callers: Vec<(String, u64)>,
+}
+
+impl FuncTracer {
+    pub fn new(specs: Vec<FuncSpec>) -> Self {
+        let attached = vec![None; specs.len()];
+        FuncTracer { specs, attached, probes: CallProbes::default(), problems: Vec::new() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// Attaches the specs whose binary can be found now: paths at once, names once the target
+    /// maps a file of that name.
+    pub fn attach_ready(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        self.attach_found(probes, |name| find_mapped(processes, name));
+    }
+
+    /// Attaches the specs that name a launched program or a library it needs, before it runs.
+    pub fn attach_for_program(&mut self, probes: &mut Probes, program: &Path) {
+        let mut files = vec![program.to_path_buf()];
+        if self.specs.iter().any(|spec| !spec.binary.contains('/')) {
+            files.extend(crate::gpu::needed::needed_libraries(program));
+        }
+        self.attach_found(probes, |name| files.iter().find(|file| file_matches(file, name)).cloned());
+    }
+
+    fn attach_found(&mut self, probes: &mut Probes, find: impl Fn(&str) -> Option<PathBuf>) {
+        for index in 0..self.specs.len() {
+            if self.attached[index].is_some() {
+                continue;
+            }
+            let spec = self.specs[index].clone();
+            let path = if spec.binary.contains('/') {
+                Some(PathBuf::from(&spec.binary))
+            } else {
+                find(&spec.binary)
+            };
+            let Some(path) = path else { continue };
+            let id = USER_FUNCTION_BASE + index as u32;
+            match self.probes.attach_user_function(probes, &path, &spec.symbol, id) {
+                Ok(()) => self.attached[index] = Some(path),
+                Err(error) => {
+                    self.problems.push(format!("--func {}:{}: {error:#}", spec.binary, spec.symbol));
+                    // Do not try again every tick.
+                    self.attached[index] = Some(PathBuf::new());
+                }
+            }
+        }
+    }
+
+    /// Specs whose binary never showed up.
+    pub fn unresolved(&self) -> Vec<String> {
+        self.specs
+            .iter()
+            .zip(&self.attached)
+            .filter(|(_, attached)| attached.is_none())
+            .map(|(spec, _)| {
+                format!(
+                    "--func {}:{}: no binary named {} was mapped by the target",
+                    spec.binary, spec.symbol, spec.binary
+                )
+            })
+            .collect()
+    }
+
+    /// The report rows from the kernel-side statistics.
+    pub fn rows(&self, calls: &[(CallKey, CallStats)], names: &dyn Names) -> Vec<FuncRow> {
+        self.specs
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| self.attached[*index].as_ref().is_some_and(|p| !p.as_os_str().is_empty()))
+            .map(|(index, spec)| {
+                let id = USER_FUNCTION_BASE + index as u32;
+                let mut hist = latency::empty();
+                let mut negative = 0;
+                let mut callers: Vec<(String, u64)> = Vec::new();
+                for (key, stats) in calls.iter().filter(|(key, _)| key.func == id) {
+                    latency::merge(&mut hist, &stats.latency);
+                    negative += stats.errors;
+                    let site = names.call_site(key.tgid, key.user_stack_id, key.caller);
+                    match callers.iter_mut().find(|(s, _)| *s == site) {
+                        Some((_, count)) => *count += stats.latency.count,
+                        None => callers.push((site, stats.latency.count)),
+                    }
+                }
+                callers.sort_by_key(|(_, calls)| std::cmp::Reverse(*calls));
+                callers.truncate(5);
+                FuncRow {
+                    function: spec.symbol.clone(),
+                    binary: spec.binary.clone(),
+                    calls: hist.count,
+                    negative_returns: negative,
+                    latency: latency::percentiles(&hist),
+                    callers,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A file the target maps whose name is `name` (or starts with it: `libc.so` finds libc.so.6).
+fn find_mapped(processes: &ProcessTable, name: &str) -> Option<PathBuf> {
+    processes.iter().find_map(|(_, record)| {
+        record.maps.as_ref()?.mappings().iter().find_map(|mapping| match &mapping.backing {
+            Backing::File { path, open } if file_matches(path, name) => Some(open.clone()),
+            _ => None,
+        })
+    })
+}
+
+fn file_matches(path: &Path, name: &str) -> bool {
+    path.file_name()
+        .and_then(|file| file.to_str())
+        .is_some_and(|file| file == name || file.starts_with(&format!("{name}.")))
+}

@@ -1,0 +1,220 @@
+//! GPU API tracing: uprobes on the CUDA runtime (libcudart, or an executable linking it
+//! statically), the CUDA driver (libcuda) and NCCL (libnccl), found in the target's memory maps
+//! (libraries under Python's `nvidia/*/lib` included) and picked up when loaded later (dlopen).
+//! Nothing is injected into the target and nothing restarts: the probes attach to the library
+//! files and filter the target in the kernel.
+
+pub mod functions;
+pub mod needed;
+pub mod report;
+pub mod state;
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+};
+
+use self::{
+    functions::{FUNCTIONS, Library, VARIANT_SUFFIXES},
+    state::GpuState,
+};
+use crate::{
+    probes::Probes,
+    procmaps::Backing,
+    procs::ProcessTable,
+    uprobes::{CallProbes, elf},
+};
+
+/// Where CUDA and NCCL usually live, searched in system-wide traces.
+const INSTALL_DIRS: &[&str] = &[
+    "/usr/local/cuda/lib64",
+    "/usr/local/cuda/targets/x86_64-linux/lib",
+    "/usr/local/cuda/targets/sbsa-linux/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+];
+
+/// One library file with probes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProbedLibrary {
+    pub library: Library,
+    pub path: PathBuf,
+    pub functions: usize,
+}
+
+/// Finds the CUDA and NCCL libraries the target uses and keeps them probed; accumulates what
+/// their calls say.
+#[derive(Debug)]
+pub struct GpuTracer {
+    probes: CallProbes,
+    /// Libraries named on the command line (--cuda-lib, --nccl-lib).
+    overrides: Vec<PathBuf>,
+    system_wide: bool,
+    /// Files already looked at (probed, or not a GPU library).
+    seen: HashSet<PathBuf>,
+    pub libraries: Vec<ProbedLibrary>,
+    /// Attach failures, one line each, for the report.
+    pub problems: Vec<String>,
+    pub state: GpuState,
+}
+
+impl GpuTracer {
+    pub fn new(overrides: Vec<PathBuf>, system_wide: bool) -> Self {
+        GpuTracer {
+            probes: CallProbes::default(),
+            overrides,
+            system_wide,
+            seen: HashSet::new(),
+            libraries: Vec::new(),
+            problems: Vec::new(),
+            state: GpuState::default(),
+        }
+    }
+
+    /// Probes the libraries named on the command line, the usual install locations for
+    /// system-wide traces, and whatever the target has mapped so far.
+    pub fn attach_initial(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        for path in self.overrides.clone() {
+            match library_of(&path) {
+                Some(library) => self.attach(probes, library, &path),
+                None => self.problems.push(format!(
+                    "{} is not named like libcudart.so*, libcuda.so* or libnccl.so*: not probed",
+                    path.display()
+                )),
+            }
+        }
+        if self.system_wide {
+            for path in installed_libraries() {
+                if let Some(library) = library_of(&path) {
+                    self.attach(probes, library, &path);
+                }
+            }
+        }
+        self.attach_new(probes, processes);
+    }
+
+    /// Probes the GPU libraries a program will load at start, before it runs (a launched
+    /// command is still at its gate).
+    pub fn attach_needed(&mut self, probes: &mut Probes, program: &Path) {
+        for path in needed::needed_libraries(program) {
+            if let Some(library) = library_of(&path) {
+                self.attach(probes, library, &path);
+            }
+        }
+        if links_cudart_statically(program) {
+            self.attach(probes, Library::Runtime, program);
+        }
+    }
+
+    /// Probes GPU libraries that appeared in the target's memory maps since the last look.
+    pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        let mut found: Vec<(Library, PathBuf)> = Vec::new();
+        for (_, record) in processes.iter() {
+            let Some(maps) = &record.maps else { continue };
+            for mapping in maps.mappings() {
+                let Backing::File { open, .. } = &mapping.backing else { continue };
+                if self.seen.contains(open) {
+                    continue;
+                }
+                self.seen.insert(open.clone());
+                match library_of(open) {
+                    Some(library) => found.push((library, open.clone())),
+                    // An executable that links the runtime statically exports its API.
+                    None if mapping.file_offset == 0
+                        && !is_shared_library(open)
+                        && links_cudart_statically(open) =>
+                    {
+                        found.push((Library::Runtime, open.clone()))
+                    }
+                    None => {}
+                }
+            }
+        }
+        for (library, path) in found {
+            self.attach(probes, library, &path);
+        }
+    }
+
+    fn attach(&mut self, probes: &mut Probes, library: Library, path: &Path) {
+        if self.probes.has(path) {
+            return;
+        }
+        let names: Vec<(String, u32, u64)> = FUNCTIONS
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.library == library)
+            .flat_map(|(index, f)| {
+                let id = functions::id_of(index);
+                std::iter::once(f.name.to_string())
+                    .chain(VARIANT_SUFFIXES.iter().map(move |suffix| format!("{}{suffix}", f.name)))
+                    .map(move |name| (name, id, f.flags()))
+            })
+            .collect();
+        let borrowed: Vec<(&str, u32, u64)> =
+            names.iter().map(|(n, id, flags)| (n.as_str(), *id, *flags)).collect();
+        let label = match library {
+            Library::Runtime => "CUDA runtime",
+            Library::Driver => "CUDA driver",
+            Library::Nccl => "NCCL",
+        };
+        match self.probes.attach_functions(probes, path, &borrowed, label) {
+            Ok(0) => {}
+            Ok(functions) => {
+                self.libraries.push(ProbedLibrary { library, path: path.to_path_buf(), functions })
+            }
+            Err(error) => self.problems.push(format!("{label} {}: {error:#}", path.display())),
+        }
+    }
+}
+
+/// Which GPU library a file is, by its name.
+pub fn library_of(path: &Path) -> Option<Library> {
+    let name = path.file_name()?.to_str()?;
+    [Library::Runtime, Library::Driver, Library::Nccl].into_iter().find(|library| {
+        let prefix = library.file_prefix();
+        // libcuda.so must not match libcudart.so.
+        name.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
+}
+
+fn is_shared_library(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains(".so"))
+}
+
+/// Whether an executable exports the CUDA runtime API (static cudart).
+fn links_cudart_statically(path: &Path) -> bool {
+    elf::exported_functions(path).is_ok_and(|exports| exports.contains_key("cudaMalloc"))
+}
+
+/// CUDA and NCCL libraries in the usual install locations.
+fn installed_libraries() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for dir in INSTALL_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            if library_of(&path).is_some() && path.is_file() {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libraries_are_known_by_name() {
+        assert_eq!(library_of(Path::new("/x/libcudart.so.12")), Some(Library::Runtime));
+        assert_eq!(library_of(Path::new("/x/libcudart.so")), Some(Library::Runtime));
+        assert_eq!(library_of(Path::new("/usr/lib/libcuda.so.1")), Some(Library::Driver));
+        assert_eq!(library_of(Path::new("nvidia/nccl/lib/libnccl.so.2")), Some(Library::Nccl));
+        assert_eq!(library_of(Path::new("/x/libcudnn.so.9")), None);
+        assert_eq!(library_of(Path::new("/x/libcudart_static.a")), None);
+    }
+}

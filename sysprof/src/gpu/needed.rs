@@ -1,0 +1,156 @@
+//! The shared libraries a program will load at start (its DT_NEEDED closure), resolved as the
+//! dynamic loader resolves them. A launched command's CUDA and NCCL libraries can then be
+//! probed before it runs its first instruction: a short program may make all its calls before
+//! any memory-map rescan would notice the libraries.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    fs::File,
+    path::{Path, PathBuf},
+};
+
+use object::{
+    ReadCache,
+    read::elf::{Dyn as _, FileHeader as _},
+};
+
+/// Libraries the closure may hold before the search stops (a large framework has hundreds).
+const MAX_LIBRARIES: usize = 512;
+
+/// Every library `program` needs, directly or through its libraries, that can be found.
+pub fn needed_libraries(program: &Path) -> Vec<PathBuf> {
+    let cache = ld_so_cache();
+    let env_dirs: Vec<PathBuf> =
+        std::env::var_os("LD_LIBRARY_PATH").map(|v| std::env::split_paths(&v).collect()).unwrap_or_default();
+    let mut found = Vec::new();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
+    let mut queue: VecDeque<PathBuf> = VecDeque::from([program.to_path_buf()]);
+    while let Some(file) = queue.pop_front() {
+        if found.len() >= MAX_LIBRARIES {
+            break;
+        }
+        let Some(dynamic) = read_dynamic(&file) else { continue };
+        let origin = file.parent().map(Path::to_path_buf).unwrap_or_default();
+        let expand = |dirs: &[String]| -> Vec<PathBuf> {
+            dirs.iter()
+                .flat_map(|d| d.split(':'))
+                .filter(|d| !d.is_empty())
+                .map(|d| {
+                    PathBuf::from(
+                        d.replace("$ORIGIN", &origin.to_string_lossy())
+                            .replace("${ORIGIN}", &origin.to_string_lossy()),
+                    )
+                })
+                .collect()
+        };
+        // The loader's order: RPATH (when there is no RUNPATH), LD_LIBRARY_PATH, RUNPATH,
+        // ld.so.cache, the default directories.
+        let mut dirs = Vec::new();
+        if dynamic.runpath.is_empty() {
+            dirs.extend(expand(&dynamic.rpath));
+        }
+        dirs.extend(env_dirs.iter().cloned());
+        dirs.extend(expand(&dynamic.runpath));
+        for name in dynamic.needed {
+            let path = if name.contains('/') {
+                Some(PathBuf::from(&name))
+            } else {
+                dirs.iter()
+                    .map(|dir| dir.join(&name))
+                    .find(|p| p.is_file())
+                    .or_else(|| cache.get(&name).cloned())
+                    .or_else(|| default_dirs().map(|dir| Path::new(dir).join(&name)).find(|p| p.is_file()))
+            };
+            if let Some(path) = path
+                && seen.insert(path.clone())
+            {
+                found.push(path.clone());
+                queue.push_back(path);
+            }
+        }
+    }
+    found
+}
+
+struct Dynamic {
+    needed: Vec<String>,
+    rpath: Vec<String>,
+    runpath: Vec<String>,
+}
+
+fn read_dynamic(path: &Path) -> Option<Dynamic> {
+    let file = File::open(path).ok()?;
+    let cache = ReadCache::new(file);
+    let elf = object::read::elf::ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
+    let endian = elf.endian();
+    let header = elf.elf_header();
+    let data = elf.data();
+    let sections = header.sections(endian, data).ok()?;
+    let (dynamic, link) = sections.dynamic(endian, data).ok()??;
+    let strings = sections.strings(endian, data, link).ok()?;
+    let mut out = Dynamic { needed: Vec::new(), rpath: Vec::new(), runpath: Vec::new() };
+    for entry in dynamic {
+        let tag = entry.d_tag(endian);
+        let text = || {
+            let offset = entry.d_val(endian) as u32;
+            strings.get(offset).ok().map(|s| String::from_utf8_lossy(s).into_owned())
+        };
+        match tag {
+            object::elf::DT_NEEDED => out.needed.extend(text()),
+            object::elf::DT_RPATH => out.rpath.extend(text()),
+            object::elf::DT_RUNPATH => out.runpath.extend(text()),
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+fn default_dirs() -> impl Iterator<Item = &'static str> {
+    [
+        "/lib64",
+        "/usr/lib64",
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/lib",
+        "/usr/lib",
+    ]
+    .into_iter()
+}
+
+/// soname -> path, from the loader's cache as `ldconfig -p` prints it.
+fn ld_so_cache() -> HashMap<String, PathBuf> {
+    let Ok(output) = std::process::Command::new("ldconfig").arg("-p").output() else {
+        return HashMap::new();
+    };
+    let native = if cfg!(target_arch = "x86_64") { "x86-64" } else { "AArch64" };
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (left, path) = line.trim().split_once(" => ")?;
+            let (name, flags) = left.split_once(' ')?;
+            // 32-bit libraries sit beside the 64-bit ones: keep the native ones.
+            (flags.contains(native) || !flags.contains(',')).then(|| (name.to_string(), PathBuf::from(path)))
+        })
+        .fold(HashMap::new(), |mut map, (name, path)| {
+            map.entry(name).or_insert(path);
+            map
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_test_binary_needs_libc() {
+        let exe = std::env::current_exe().unwrap();
+        let needed = needed_libraries(&exe);
+        assert!(
+            needed.iter().any(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))),
+            "{needed:?}"
+        );
+        assert!(needed.iter().all(|p| p.is_file()));
+    }
+}

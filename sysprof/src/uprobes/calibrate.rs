@@ -1,0 +1,48 @@
+//! What a probe hit costs on this machine: the uprobe trap (a round trip into the kernel at
+//! entry and at return) plus sysprof's programs. Measured by timing a function of sysprof's
+//! own, bare and then probed exactly as the target's functions are.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+
+use super::elf;
+use crate::probes::Probes;
+
+/// Cookie id of the calibration function (outside the GPU and `--func` ids).
+pub const CALIBRATION_ID: u32 = 0xfffe;
+
+const CALLS: u32 = 2_000;
+
+/// The function timed: small, so the difference is the probes.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn sysprof_probe_calibration(x: u64) -> u64 {
+    std::hint::black_box(x).wrapping_add(1)
+}
+
+fn time_calls() -> f64 {
+    let start = Instant::now();
+    let mut x = 0;
+    for _ in 0..CALLS {
+        x = sysprof_probe_calibration(x);
+    }
+    std::hint::black_box(x);
+    start.elapsed().as_nanos() as f64
+}
+
+/// Nanoseconds a probed call costs more than a bare one.
+pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe().context("locating sysprof's own binary")?;
+    let offset = *elf::exported_functions(&exe)?
+        .get("sysprof_probe_calibration")
+        .context("sysprof's binary lost its calibration symbol (stripped?)")?;
+    let bare = (0..3).map(|_| time_calls()).fold(f64::MAX, f64::min);
+    let me = std::process::id();
+    probes.add_target_process(me)?;
+    probes.attach_call(&exe, offset, u64::from(CALIBRATION_ID))?;
+    probes.note_call_probes("sysprof's own sysprof_probe_calibration (measures the cost of a probe hit)", 1);
+    let probed = (0..3).map(|_| time_calls()).fold(f64::MAX, f64::min);
+    probes.remove_target_process(me)?;
+    Ok(((probed - bare) / f64::from(CALLS)).max(0.0))
+}

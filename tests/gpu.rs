@@ -1,0 +1,256 @@
+//! GPU API tracing, with no GPU: against NVIDIA's real libcudart and libnccl (every call fails
+//! for lack of a GPU, so the tests check the exact arguments and return codes the probes saw),
+//! and against test doubles of libcudart, libcuda and libnccl for the success paths (bandwidth,
+//! allocations, leaks, completion times). Also `--func`, which uses the same probes.
+
+mod support;
+
+use std::{collections::HashMap, path::Path};
+
+use serde_json::Value;
+use support::*;
+
+/// Traces `program ARGS` with LD_LIBRARY_PATH=`libs`; returns the report and the program's
+/// stdout.
+fn trace_with(
+    libs: &Path,
+    options: &[&str],
+    program: &Path,
+    args: &[&str],
+) -> (tempfile::TempDir, Value, String) {
+    let dir = output_dir();
+    let out = sysprof()
+        .env("LD_LIBRARY_PATH", libs)
+        .args(["trace", "-q", "-o"])
+        .arg(dir.path())
+        .args(options)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    (dir, report, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn row<'a>(rows: &'a Value, field: &str, value: &str) -> &'a Value {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[field] == value)
+        .unwrap_or_else(|| panic!("no {field} = {value} in {rows:#}"))
+}
+
+/// The codes the program printed: "name=code" lines, by name.
+fn printed_codes(stdout: &str) -> HashMap<String, Vec<i64>> {
+    let mut codes: HashMap<String, Vec<i64>> = HashMap::new();
+    for line in stdout.lines() {
+        if let Some((name, code)) = line.split_once('=') {
+            codes.entry(name.to_string()).or_default().push(code.parse().unwrap());
+        }
+    }
+    codes
+}
+
+#[test]
+fn real_libraries_report_the_exact_arguments_and_return_codes() {
+    let Some(_guard) = root_guard("real_libraries_report_the_exact_arguments_and_return_codes") else {
+        return;
+    };
+    let Some(libs) = nvidia_libraries("real_libraries_report_the_exact_arguments_and_return_codes") else {
+        return;
+    };
+    let (_dir, report, stdout) = trace_with(&libs, &["--focus", "gpu"], &gpu_app(), &["api"]);
+    let gpu = &report["gpu"];
+    let libraries: Vec<&str> =
+        gpu["libraries"].as_array().unwrap().iter().map(|l| l["library"].as_str().unwrap()).collect();
+    assert!(libraries.contains(&"Runtime") && libraries.contains(&"Nccl"), "{libraries:?}");
+
+    // Transfers: the bytes each call asked to move, by the direction its kind argument gave.
+    let interconnect = &gpu["interconnect"];
+    for (kind, bytes, calls) in [
+        ("H2D", 4096 + 8192 + 24576 + 64 * 32 + 16 * 8 * 4, 5),
+        ("D2H", 12288, 1),
+        ("D2D", 16384, 1),
+        ("H2H", 20480, 1),
+        ("memset", 3000, 1),
+    ] {
+        let transfer = row(interconnect, "kind", kind);
+        assert_eq!(transfer["total_bytes"], bytes, "{kind}: {transfer:#}");
+        assert_eq!(transfer["calls"], calls, "{kind}");
+        assert_eq!(transfer["errors"], calls, "{kind}: without a GPU every call fails");
+    }
+    assert_eq!(row(interconnect, "kind", "H2D")["pageable"], 5);
+
+    // Return codes: what the program itself saw.
+    let codes = printed_codes(&stdout);
+    let functions = &gpu["functions"];
+    for (function, printed) in [
+        ("cudaMalloc", "cudaMalloc"),
+        ("cudaMemcpy2D", "cudaMemcpy2D"),
+        ("cudaMemcpy3D", "cudaMemcpy3D"),
+        ("cudaFree", "cudaFree"),
+        ("ncclAllReduce", "ncclAllReduce"),
+        ("ncclSend", "ncclSend"),
+    ] {
+        let expected = codes[printed][0];
+        assert_ne!(expected, 0, "{printed} succeeded without a GPU?");
+        let recorded = &row(functions, "function", function)["return_codes"];
+        assert_eq!(recorded, &serde_json::json!({ expected.to_string(): 1 }), "{function}");
+    }
+    let memcpy = row(functions, "function", "cudaMemcpy");
+    assert_eq!(memcpy["calls"], 5);
+    assert_eq!(memcpy["return_codes"][codes["cudaMemcpyH2D"][0].to_string()], 5);
+
+    // Launches: counted in the kernel, named by the kernel's host stub.
+    let compute = &gpu["compute"];
+    assert_eq!(compute["launches"], 5);
+    assert_eq!(compute["top_kernels"][0]["kernel"], "vector_add_kernel_stub");
+    assert_eq!(row(functions, "function", "cudaLaunchKernel")["errors"], 5);
+    assert_eq!(compute["sync_calls"], 3);
+    assert_eq!(compute["sync_sites"][0]["call_site"], "api_calls (gpu_app)");
+
+    // NCCL: count x the data type's size.
+    let nccl = &gpu["nccl"];
+    for (op, bytes, datatype) in [
+        ("AllReduce", 1024 * 4, "float32"),
+        ("Broadcast", 256, "int8"),
+        ("AllGather", 512 * 2, "float16"),
+        ("ReduceScatter", 128 * 8, "float64"),
+        ("Send", 400, "int32"),
+        ("Recv", 400, "int32"),
+    ] {
+        let op_row = row(nccl, "op", op);
+        assert_eq!(op_row["total_bytes"], bytes, "{op}");
+        assert_eq!(op_row["calls"], 1, "{op}");
+        assert_eq!(op_row["errors"], 1, "{op}");
+        assert_eq!(op_row["datatypes"][datatype], 1, "{op}");
+    }
+    assert_no_sysprof_programs();
+}
+
+#[test]
+fn test_doubles_exercise_the_success_paths() {
+    let Some(_guard) = root_guard("test_doubles_exercise_the_success_paths") else { return };
+    let (dir, report, _) = trace_with(&gpu_doubles(), &["--focus", "gpu"], &gpu_app(), &["success"]);
+    let gpu = &report["gpu"];
+
+    // 30 copies of 1 MiB at the double's 1 GB/s: 20 from pinned memory, 10 pageable.
+    let h2d = row(&gpu["interconnect"], "kind", "H2D");
+    assert_eq!(h2d["calls"], 30);
+    assert_eq!(h2d["total_bytes"], 30 << 20);
+    assert_eq!((h2d["pinned"].as_u64(), h2d["pageable"].as_u64()), (Some(20), Some(10)));
+    let bandwidth = h2d["bandwidth_gb_s"].as_f64().unwrap();
+    assert!((0.8..1.1).contains(&bandwidth), "bandwidth {bandwidth} GB/s, the double moves 1 GB/s");
+
+    // cudaMemcpy runs cuMemcpy inside: counted once.
+    let functions = &gpu["functions"];
+    assert_eq!(row(functions, "function", "cudaMemcpy")["calls"], 30);
+    assert!(
+        functions.as_array().unwrap().iter().all(|f| f["function"] != "cuMemcpy"),
+        "the driver call inside the runtime call was counted too: {functions:#}"
+    );
+
+    // Memory on device 1: 64 MiB freed, 3 MiB leaked from success_paths.
+    let device = gpu["memory"].as_array().unwrap().iter().find(|m| m["pool"] == "Device").unwrap();
+    assert_eq!(device["device"], 1);
+    assert_eq!(device["peak_bytes"], 67 << 20);
+    assert_eq!(device["current_bytes"], 3 << 20);
+    let leak = &gpu["leaks"][0];
+    assert_eq!(
+        (leak["bytes"].as_u64(), leak["call_site"].as_str()),
+        (Some(3 << 20), Some("success_paths (gpu_app)"))
+    );
+
+    // All-reduces complete at the next synchronize: algbw, and busbw for 4 ranks.
+    let allreduce = row(&gpu["nccl"], "op", "AllReduce");
+    let algbw = allreduce["algbw_gb_s"].as_f64().unwrap();
+    let busbw = allreduce["busbw_gb_s"].as_f64().unwrap();
+    assert!(algbw > 0.0 && (busbw / algbw - 1.5).abs() < 1e-9, "algbw {algbw}, busbw {busbw}");
+    assert_eq!(gpu["compute"]["sync_sites"][0]["call_site"], "training_step (gpu_app)");
+    assert!(gpu["probe_cost"]["ns_per_call"].as_f64().unwrap() > 0.0);
+
+    let recommendations = report["recommendations"].as_array().unwrap();
+    assert!(recommendations.iter().any(|r| r["title"] == "Pin the host memory of host-to-device copies"));
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    for heading in [
+        "### Interconnect: CPU-GPU transfers",
+        "### NCCL collectives",
+        "### GPU compute (host side)",
+        "### GPU memory",
+    ] {
+        assert!(markdown.contains(heading), "missing {heading}");
+    }
+    assert!(markdown.contains("| `call_enter` | uprobe | CUDA runtime"), "Part B lists the uprobes");
+    assert_no_sysprof_programs();
+}
+
+#[test]
+fn a_library_loaded_with_dlopen_is_traced() {
+    let Some(_guard) = root_guard("a_library_loaded_with_dlopen_is_traced") else { return };
+    let Some(libs) = nvidia_libraries("a_library_loaded_with_dlopen_is_traced") else { return };
+    let (_dir, report, stdout) = trace_with(&libs, &["--focus", "gpu"], &workload("gpu_dlopen"), &[]);
+    let malloc = row(&report["gpu"]["functions"], "function", "cudaMalloc");
+    assert_eq!(malloc["calls"], 3, "{stdout}");
+    let code = printed_codes(&stdout)["cudaMalloc"][0];
+    assert_eq!(malloc["return_codes"][code.to_string()], 3);
+}
+
+#[test]
+fn func_times_any_function_with_exact_counts() {
+    let Some(_guard) = root_guard("func_times_any_function_with_exact_counts") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "cpu", "--func", "busy:burn_cold", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["--work", "500"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    let function = row(&report["functions"], "function", "burn_cold");
+    assert_eq!(function["calls"], 500);
+    assert_eq!(function["callers"][0][0], "burn_rounds (busy)");
+    let p50 = function["latency"]["p50_ns"].as_u64().unwrap();
+    assert!(p50 > 1_000, "burn_cold takes microseconds: p50 {p50} ns");
+
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "cpu", "--func", "sysload:maybe_fail", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("sysload"))
+        .args(["negatives", "1000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    let function = row(&report["functions"], "function", "maybe_fail");
+    assert_eq!((function["calls"].as_u64(), function["negative_returns"].as_u64()), (Some(1000), Some(500)));
+    assert_no_sysprof_programs();
+}
+
+#[test]
+fn no_gpu_library_is_one_line_and_the_rest_runs() {
+    let Some(_guard) = root_guard("no_gpu_library_is_one_line_and_the_rest_runs") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .arg("1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("CUDA")).collect();
+    assert_eq!(
+        lines,
+        ["sysprof: no CUDA runtime, driver or NCCL library was mapped by the target: no GPU calls traced"]
+    );
+    assert!(self_weight(&read_folded(&dir.path().join("cpu.folded")), "burn_hot") > 30);
+}

@@ -1,0 +1,96 @@
+// A program that uses the CUDA runtime and NCCL as a training job would, with known arguments,
+// for sysprof's GPU tests. It links libcudart.so.12 and libnccl.so.2 by name: LD_LIBRARY_PATH
+// picks NVIDIA's real libraries (no GPU here: every call fails, but its arguments are real) or
+// the test doubles in tests/doubles (every call succeeds and takes a known time).
+//
+//   gpu_app api       one call of each kind, known sizes; prints each return code
+//   gpu_app success   allocations, pinned and pageable copies, synchronizations and all-reduces
+//                     (the test doubles' success paths)
+//
+// Build: cc -O1 -g -fno-omit-frame-pointer -o gpu_app gpu_app.c -L DIR -l:libcudart.so.12 -l:libnccl.so.2
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+
+// Stands for a kernel's host stub, the pointer cudaLaunchKernel receives.
+__attribute__((noinline)) void vector_add_kernel_stub(void) { __asm__ volatile(""); }
+
+static char pageable[1 << 21];
+
+#define REPORT(name, call) printf("%s=%d\n", name, (int)(call))
+
+__attribute__((noinline)) static void api_calls(void) {
+    void *dev = NULL, *pinned = NULL;
+    REPORT("cudaMalloc", cudaMalloc(&dev, 1 << 20));
+    REPORT("cudaMallocHost", cudaMallocHost(&pinned, 65536));
+    REPORT("cudaSetDevice", cudaSetDevice(1));
+    REPORT("cudaMemcpyH2D", cudaMemcpy(dev, pageable, 4096, cudaMemcpyHostToDevice));
+    REPORT("cudaMemcpyH2D", cudaMemcpy(dev, pinned, 8192, cudaMemcpyHostToDevice));
+    REPORT("cudaMemcpyD2H", cudaMemcpy(pageable, dev, 12288, cudaMemcpyDeviceToHost));
+    REPORT("cudaMemcpyD2D", cudaMemcpy(dev, dev, 16384, cudaMemcpyDeviceToDevice));
+    REPORT("cudaMemcpyH2H", cudaMemcpy(pageable, pageable + 65536, 20480, cudaMemcpyHostToHost));
+    REPORT("cudaMemcpyAsync", cudaMemcpyAsync(dev, pageable, 24576, cudaMemcpyHostToDevice, NULL));
+    REPORT("cudaMemcpy2D", cudaMemcpy2D(dev, 128, pageable, 128, 64, 32, cudaMemcpyHostToDevice));
+    struct cudaMemcpy3DParms p;
+    memset(&p, 0, sizeof p);
+    p.srcPtr.ptr = pageable;
+    p.dstPtr.ptr = dev;
+    p.extent.width = 16;
+    p.extent.height = 8;
+    p.extent.depth = 4;
+    p.kind = cudaMemcpyHostToDevice;
+    REPORT("cudaMemcpy3D", cudaMemcpy3D(&p));
+    REPORT("cudaMemset", cudaMemset(dev, 0, 3000));
+    dim3 grid = {64, 1, 1}, block = {256, 1, 1};
+    for (int i = 0; i < 5; i++)
+        REPORT("cudaLaunchKernel", cudaLaunchKernel((void *)vector_add_kernel_stub, grid, block, NULL, 0, NULL));
+    for (int i = 0; i < 3; i++) REPORT("cudaDeviceSynchronize", cudaDeviceSynchronize());
+    REPORT("cudaFree", cudaFree(dev));
+    REPORT("ncclAllReduce", ncclAllReduce(pageable, pageable, 1024, ncclFloat32, ncclSum, NULL, NULL));
+    REPORT("ncclBroadcast", ncclBroadcast(pageable, pageable, 256, ncclInt8, 0, NULL, NULL));
+    REPORT("ncclAllGather", ncclAllGather(pageable, pageable, 512, ncclFloat16, NULL, NULL));
+    REPORT("ncclReduceScatter", ncclReduceScatter(pageable, pageable, 128, ncclFloat64, ncclSum, NULL, NULL));
+    REPORT("ncclGroupStart", ncclGroupStart());
+    REPORT("ncclSend", ncclSend(pageable, 100, ncclInt32, 1, NULL, NULL));
+    REPORT("ncclRecv", ncclRecv(pageable, 100, ncclInt32, 1, NULL, NULL));
+    REPORT("ncclGroupEnd", ncclGroupEnd());
+}
+
+__attribute__((noinline)) static void training_step(void *dev, void *pinned, ncclComm_t comm) {
+    // Two pinned copies and one pageable copy of 1 MiB per step, then an all-reduce of 8 MiB.
+    cudaMemcpy(dev, pinned, 1 << 20, cudaMemcpyHostToDevice);
+    cudaMemcpy(dev, pinned, 1 << 20, cudaMemcpyHostToDevice);
+    cudaMemcpy(dev, pageable, 1 << 20, cudaMemcpyHostToDevice);
+    ncclAllReduce(dev, dev, 2 << 20, ncclFloat32, ncclSum, comm, NULL);
+    cudaStreamSynchronize(NULL);
+}
+
+__attribute__((noinline)) static void success_paths(void) {
+    void *dev = NULL, *leaked = NULL, *pinned = NULL;
+    cudaSetDevice(1);
+    REPORT("cudaMalloc", cudaMalloc(&dev, 64 << 20));
+    REPORT("cudaMalloc", cudaMalloc(&leaked, 3 << 20));
+    REPORT("cudaMallocHost", cudaMallocHost(&pinned, 4 << 20));
+    ncclComm_t comm = NULL;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    REPORT("ncclCommInitRank", ncclCommInitRank(&comm, 4, id, 1));
+    for (int step = 0; step < 10; step++) training_step(dev, pinned, comm);
+    cudaFree(dev);
+    cudaFreeHost(pinned);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "api") == 0) {
+        api_calls();
+        return 0;
+    }
+    if (argc >= 2 && strcmp(argv[1], "success") == 0) {
+        success_paths();
+        return 0;
+    }
+    fprintf(stderr, "usage: gpu_app api|success\n");
+    return 2;
+}
