@@ -218,6 +218,7 @@ fn the_markdown_report_matches_its_golden_file() {
             total_ns: 1_000_000,
         }),
         gpu: None,
+        gpu_metrics: None,
         functions: vec![],
         recommendations: vec![Recommendation {
             impact: 0.77,

@@ -19,8 +19,21 @@ pub struct Finding {
 }
 
 /// Runs every check, prints the findings, and returns the exit code: 1 when tracing cannot work.
-pub fn run(json: bool) -> anyhow::Result<u8> {
-    let findings = findings();
+pub fn run(json: bool, nvml_library: Option<&Path>) -> anyhow::Result<u8> {
+    let mut findings = findings();
+    findings.push(match crate::nvml::open(nvml_library) {
+        Ok(nvml) => {
+            let topology = crate::nvml::topology::read(&nvml);
+            let names: Vec<String> =
+                topology.devices.iter().map(|d| format!("GPU{} {}", d.index, d.name)).collect();
+            Finding {
+                name: "NVML",
+                status: "ok",
+                detail: format!("{} GPUs: {}", names.len(), names.join(", ")),
+            }
+        }
+        Err(line) => Finding { name: "NVML", status: "missing", detail: line },
+    });
     let fatal = findings.iter().any(|f| f.status == "fail");
     if json {
         println!("{}", serde_json::to_string_pretty(&findings)?);

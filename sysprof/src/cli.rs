@@ -23,6 +23,19 @@ pub enum Command {
     Trace(Box<TraceArgs>),
     /// Show what this machine supports and what sysprof can do here
     Check(CheckArgs),
+    /// Show the GPUs, how each pair is connected, and each link's peak bandwidth (NVML)
+    Topo(TopoArgs),
+}
+
+/// `sysprof topo` options.
+#[derive(Debug, Args)]
+pub struct TopoArgs {
+    /// NVML library to use (default: the driver's libnvidia-ml.so.1)
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Print the topology as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 const TRACE_EXAMPLES: &str = "\
@@ -97,6 +110,14 @@ pub struct TraceArgs {
     #[arg(long, value_name = "PATH")]
     pub nccl_lib: Vec<PathBuf>,
 
+    /// How often GPU metrics are read from NVML
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    pub gpu_interval: Duration,
+
+    /// NVML library to use (default: the driver's libnvidia-ml.so.1)
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+
     /// Time a function of the target: BIN is a path, or the name of a binary or library the
     /// target maps (repeatable)
     #[arg(long = "func", value_name = "BIN:SYMBOL")]
@@ -125,6 +146,9 @@ pub struct CheckArgs {
     /// Print the findings as JSON
     #[arg(long)]
     pub json: bool,
+    /// NVML library to check (default: the driver's libnvidia-ml.so.1)
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
 }
 
 /// The arguments parsed but do not describe a trace; the message says what is needed.
@@ -157,6 +181,8 @@ impl TraceArgs {
             time_every_syscall: self.time_every_syscall,
             gpu_libraries: self.cuda_lib.iter().chain(&self.nccl_lib).cloned().collect(),
             functions: self.funcs.clone(),
+            gpu_interval: self.gpu_interval,
+            nvml_library: self.nvml_lib.clone(),
             focus: self.focus,
             output_dir: self.output,
             quiet: self.quiet,
@@ -213,7 +239,7 @@ mod tests {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Trace(args) => args.into_config().map_err(|e| e.to_string()),
-            Command::Check(_) => Err("check".into()),
+            Command::Check(_) | Command::Topo(_) => Err("not trace".into()),
         }
     }
 

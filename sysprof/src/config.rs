@@ -73,7 +73,8 @@ pub enum Family {
     Sched,
     /// Syscall counts, errors and latency (sys_enter, sys_exit).
     Syscalls,
-    /// CUDA runtime/driver and NCCL calls (uprobes on the libraries the target maps).
+    /// CUDA runtime/driver and NCCL calls (uprobes on the libraries the target maps), and GPU
+    /// metrics from NVML.
     Gpu,
 }
 
@@ -99,6 +100,10 @@ pub struct TraceConfig {
     pub gpu_libraries: Vec<PathBuf>,
     /// Functions to time (`--func BIN:SYMBOL`).
     pub functions: Vec<crate::uprobes::FuncSpec>,
+    /// How often NVML is polled.
+    pub gpu_interval: Duration,
+    /// The NVML library (default: the driver's libnvidia-ml.so.1).
+    pub nvml_library: Option<PathBuf>,
     /// Probe families to attach; empty means all that apply.
     pub focus: Vec<Family>,
     pub output_dir: PathBuf,
@@ -122,6 +127,8 @@ impl TraceConfig {
             time_every_syscall: false,
             gpu_libraries: Vec::new(),
             functions: Vec::new(),
+            gpu_interval: Duration::from_millis(100),
+            nvml_library: None,
             focus: Vec::new(),
             output_dir: PathBuf::from("profile_output"),
             quiet: false,

@@ -26,6 +26,7 @@ pub mod funcs;
 pub mod gpu;
 pub mod latency;
 pub mod launch;
+pub mod nvml;
 pub mod output;
 pub mod privileges;
 pub mod probes;

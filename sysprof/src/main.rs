@@ -15,7 +15,8 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        Command::Check(args) => sysprof::check::run(args.json),
+        Command::Check(args) => sysprof::check::run(args.json, args.nvml_lib.as_deref()),
+        Command::Topo(args) => sysprof::nvml::topo(args.nvml_lib.as_deref(), args.json),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -21,6 +21,7 @@ use crate::{
     funcs::FuncTracer,
     gpu::{self, GpuTracer},
     launch::{self, GatedChild},
+    nvml,
     output::{Artifact, OutputDir, thousands},
     privileges,
     probes::{
@@ -234,6 +235,22 @@ async fn run(
             }
         );
     }
+    // GPU metrics: polled beside the trace when NVML is there.
+    let mut nvml_run = None;
+    if config.wants(Family::Gpu) {
+        match nvml::open(config.nvml_library.as_deref()) {
+            Ok(nvml) => {
+                let topology = nvml::topology::read(&nvml);
+                nvml_run = Some((nvml::Poller::start(nvml, config.gpu_interval), topology));
+            }
+            Err(line) => {
+                if !config.quiet {
+                    eprintln!("sysprof: {line}");
+                }
+                limitations.push(line);
+            }
+        }
+    }
     let status = StatusLine::new(config.quiet);
     let plan = StopPlan {
         duration: config.duration,
@@ -245,6 +262,10 @@ async fn run(
         collect::collect(&mut probes, events, &mut calls, &mut processes, plan, &mut signals, &status)
             .await?;
     status.finish();
+    let nvml_samples = match nvml_run {
+        Some((poller, topology)) => Some((poller.finish().await, topology)),
+        None => None,
+    };
     let machine_busy_share =
         ticks_at_start.zip(CpuTicks::now()).and_then(|(start, end)| start.busy_share_until(&end));
     if !config.quiet {
@@ -277,7 +298,8 @@ async fn run(
         machine_busy_share,
         stats_coverage,
     };
-    let finish = Finish { config, probes, processes, output, limitations, window, calls, probe_cost_ns };
+    let finish =
+        Finish { config, probes, processes, output, limitations, window, calls, probe_cost_ns, nvml_samples };
     tokio::task::spawn_blocking(move || finish.run()).await.context("writing the results")?
 }
 
@@ -320,12 +342,23 @@ struct Finish {
     calls: CallTracing,
     /// Measured cost of one probed call, when calls were probed.
     probe_cost_ns: Option<f64>,
+    /// NVML polls and the topology, when NVML was there.
+    nvml_samples: Option<(Vec<nvml::Sample>, nvml::topology::Topology)>,
 }
 
 impl Finish {
     fn run(self) -> anyhow::Result<TraceOutcome> {
-        let Finish { config, probes, mut processes, output, mut limitations, window, calls, probe_cost_ns } =
-            self;
+        let Finish {
+            config,
+            probes,
+            mut processes,
+            output,
+            mut limitations,
+            window,
+            calls,
+            probe_cost_ns,
+            nvml_samples,
+        } = self;
         let kernel = read_out(&config, probes, &calls)?;
         processes.final_scan();
 
@@ -421,6 +454,19 @@ impl Finish {
         if let Some(gpu) = &gpu {
             recommendations.extend(gpu::report::recommendations(gpu, wall_s));
         }
+        let gpu_metrics = nvml_samples.map(|(samples, topology)| {
+            let targets: BTreeSet<u32> = processes.iter().map(|(pid, _)| pid).collect();
+            nvml::report::build(
+                samples,
+                topology,
+                config.gpu_interval.as_millis() as u64,
+                gpu.as_ref(),
+                &targets,
+            )
+        });
+        if let Some(metrics) = &gpu_metrics {
+            recommendations.extend(nvml::report::recommendations(metrics, gpu.as_ref()));
+        }
         recommendations.sort_by(|a, b| b.impact.total_cmp(&a.impact));
         let report = Report {
             sysprof_version: env!("CARGO_PKG_VERSION").into(),
@@ -449,6 +495,7 @@ impl Finish {
             sched,
             syscalls,
             gpu,
+            gpu_metrics,
             functions,
             recommendations,
             overhead: selfcost::overhead(

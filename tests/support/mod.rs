@@ -83,7 +83,7 @@ pub fn nvidia_libraries(test: &str) -> Option<PathBuf> {
     None
 }
 
-/// The test doubles of libcudart, libcuda and libnccl (tests/doubles), built once.
+/// The test doubles of libcudart, libcuda, libnccl and libnvidia-ml (tests/doubles), built once.
 pub fn gpu_doubles() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
@@ -96,6 +96,7 @@ pub fn gpu_doubles() -> PathBuf {
                 ("cuda_driver_double.c", "libcuda.so.1", &[][..]),
                 ("cudart_double.c", "libcudart.so.12", &["-L", "{dir}", "-l:libcuda.so.1"][..]),
                 ("nccl_double.c", "libnccl.so.2", &[][..]),
+                ("nvml_double.c", "libnvidia-ml.so.1", &[][..]),
             ] {
                 let status = Command::new(&cc)
                     .args(["-O1", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC"])

@@ -14,6 +14,7 @@ use crate::{
     config::SampleEvent,
     funcs::FuncRow,
     gpu::report::GpuReport,
+    nvml::report::GpuMetricsReport,
     probes::{AttachedProbe, DetachReport, ProgramCost},
     sched::SchedReport,
     syscalls::SyscallReport,
@@ -34,6 +35,8 @@ pub struct Report {
     pub syscalls: Option<SyscallReport>,
     /// CUDA and NCCL calls (None when the GPU family was off).
     pub gpu: Option<GpuReport>,
+    /// GPU metrics and topology from NVML (None without NVML).
+    pub gpu_metrics: Option<GpuMetricsReport>,
     /// Functions timed with --func.
     pub functions: Vec<FuncRow>,
     /// Ranked by expected impact, largest first.

@@ -1,0 +1,330 @@
+//! The NVML sections of the report: per device compute (utilization, power, clocks,
+//! throttling), memory (NVML's reserved against the traced allocations), links (measured
+//! against their peaks), the time series, and the recommendations they support.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::{Sample, topology::Topology};
+use crate::{gpu::report::GpuReport, report::Recommendation};
+
+/// What the NVML figures mean, quoted in the report.
+pub const MEANINGS: [&str; 5] = [
+    "SM utilization: share of NVML's sample period (1/6 s to 1 s, by product) in which a kernel ran; not how busy the SMs were",
+    "Memory-controller utilization: share of the sample period in which device memory was read or written",
+    "PCIe throughput: measured by NVML over a 20 ms window at each poll",
+    "Power: board draw as NVML reports it (averaged over about a second on most products)",
+    "Memory used: what the driver reserved (a framework's caching allocator keeps freed memory); traced allocations are what the program asked for",
+];
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GpuMetricsReport {
+    pub interval_ms: u64,
+    pub meanings: Vec<&'static str>,
+    pub topology: Topology,
+    pub devices: Vec<DeviceMetrics>,
+    pub memory: Vec<DeviceMemory>,
+    pub links: Vec<LinkRow>,
+    /// Every poll of every device.
+    pub series: Vec<Sample>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceMetrics {
+    pub device: u32,
+    pub name: String,
+    pub samples: usize,
+    pub sm_util_mean: Option<f64>,
+    pub sm_util_p50: Option<u32>,
+    pub sm_util_max: Option<u32>,
+    pub mem_util_mean: Option<f64>,
+    pub mem_util_max: Option<u32>,
+    pub power_mean_w: Option<f64>,
+    pub power_max_w: Option<f64>,
+    pub sm_clock_mean_mhz: Option<f64>,
+    pub mem_clock_mean_mhz: Option<f64>,
+    pub temperature_max_c: Option<u32>,
+    /// Throttle reasons seen in any sample (idle excluded).
+    pub throttle_reasons: Vec<&'static str>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceMemory {
+    pub device: u32,
+    pub total: u64,
+    /// NVML "used" at its highest during the trace: reserved by the driver.
+    pub reserved_max: Option<u64>,
+    /// Traced allocations (cudaMalloc & co.) now and at peak, when GPU calls were traced.
+    pub allocated: Option<u64>,
+    pub allocated_peak: Option<u64>,
+    /// GPU memory of the target processes, as NVML accounts it, at its highest.
+    pub target_processes_max: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LinkRow {
+    pub device: u32,
+    /// "PCIe TX", "PCIe RX", "NVLink TX", "NVLink RX".
+    pub link: String,
+    pub mean_gb_s: f64,
+    pub max_gb_s: f64,
+    pub peak_gb_s: Option<f64>,
+}
+
+const THROTTLE_REASONS: [(u64, &str); 8] = [
+    (0x2, "applications clocks setting"),
+    (0x4, "software power cap"),
+    (0x8, "hardware slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "software thermal slowdown"),
+    (0x40, "hardware thermal slowdown"),
+    (0x80, "hardware power brake"),
+    (0x100, "display clock setting"),
+];
+
+fn mean(values: &[f64]) -> Option<f64> {
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
+/// Builds the section from the polls; `gpu` joins the traced allocations; `targets` are the
+/// target pids.
+pub fn build(
+    samples: Vec<Sample>,
+    topology: Topology,
+    interval_ms: u64,
+    gpu: Option<&GpuReport>,
+    targets: &BTreeSet<u32>,
+) -> GpuMetricsReport {
+    let mut by_device: BTreeMap<u32, Vec<&Sample>> = BTreeMap::new();
+    for sample in &samples {
+        by_device.entry(sample.device).or_default().push(sample);
+    }
+    let name = |device: u32| {
+        topology.devices.iter().find(|d| d.index == device).map(|d| d.name.clone()).unwrap_or_default()
+    };
+    let mut devices = Vec::new();
+    let mut memory = Vec::new();
+    let mut links = Vec::new();
+    for (&device, polls) in &by_device {
+        let values =
+            |f: &dyn Fn(&Sample) -> Option<u32>| -> Vec<u32> { polls.iter().filter_map(|s| f(s)).collect() };
+        let sm = values(&|s| s.sm_util_pct);
+        let mut sm_sorted = sm.clone();
+        sm_sorted.sort_unstable();
+        let mem_util = values(&|s| s.mem_util_pct);
+        let power = values(&|s| s.power_mw);
+        let as_f64 = |v: &[u32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        let throttle = polls.iter().filter_map(|s| s.throttle).fold(0, |a, b| a | b);
+        devices.push(DeviceMetrics {
+            device,
+            name: name(device),
+            samples: polls.len(),
+            sm_util_mean: mean(&as_f64(&sm)),
+            sm_util_p50: sm_sorted.get(sm_sorted.len() / 2).copied(),
+            sm_util_max: sm.iter().max().copied(),
+            mem_util_mean: mean(&as_f64(&mem_util)),
+            mem_util_max: mem_util.iter().max().copied(),
+            power_mean_w: mean(&as_f64(&power)).map(|mw| mw / 1000.0),
+            power_max_w: power.iter().max().map(|&mw| f64::from(mw) / 1000.0),
+            sm_clock_mean_mhz: mean(&as_f64(&values(&|s| s.sm_clock_mhz))),
+            mem_clock_mean_mhz: mean(&as_f64(&values(&|s| s.mem_clock_mhz))),
+            temperature_max_c: values(&|s| s.temperature_c).into_iter().max(),
+            throttle_reasons: THROTTLE_REASONS
+                .iter()
+                .filter(|(bit, _)| throttle & bit != 0)
+                .map(|(_, n)| *n)
+                .collect(),
+        });
+        let traced = gpu.and_then(|g| {
+            let pools: Vec<_> = g.memory.iter().filter(|m| m.device == device as i32).collect();
+            (!pools.is_empty()).then(|| {
+                (
+                    pools.iter().map(|m| m.current_bytes).sum::<u64>(),
+                    pools.iter().map(|m| m.peak_bytes).sum::<u64>(),
+                )
+            })
+        });
+        let info = topology.devices.iter().find(|d| d.index == device);
+        memory.push(DeviceMemory {
+            device,
+            total: info.map_or(0, |d| d.memory_total),
+            reserved_max: polls.iter().filter_map(|s| s.mem_used).max(),
+            allocated: traced.map(|t| t.0),
+            allocated_peak: traced.map(|t| t.1),
+            target_processes_max: polls
+                .iter()
+                .map(|s| {
+                    s.processes.iter().filter(|(pid, _)| targets.contains(pid)).map(|(_, b)| b).sum::<u64>()
+                })
+                .max()
+                .unwrap_or(0),
+        });
+        let pcie_peak = info.and_then(|d| d.pcie_peak_gb_s);
+        for (label, f) in [
+            ("PCIe TX", (|s: &Sample| s.pcie_tx_kb_s) as fn(&Sample) -> Option<u32>),
+            ("PCIe RX", |s: &Sample| s.pcie_rx_kb_s),
+        ] {
+            let rates: Vec<f64> =
+                polls.iter().filter_map(|s| f(s)).map(|kb| f64::from(kb) * 1024.0 / 1e9).collect();
+            if let Some(mean_gb_s) = mean(&rates) {
+                links.push(LinkRow {
+                    device,
+                    link: label.into(),
+                    mean_gb_s,
+                    max_gb_s: rates.iter().copied().fold(0.0, f64::max),
+                    peak_gb_s: pcie_peak,
+                });
+            }
+        }
+        let nvlink_peak = info.map(|d| d.nvlink_peak_gb_s).filter(|p| *p > 0.0);
+        for (label, f) in [
+            ("NVLink TX", (|s: &Sample| s.nvlink_tx_kib) as fn(&Sample) -> Option<u64>),
+            ("NVLink RX", |s: &Sample| s.nvlink_rx_kib),
+        ] {
+            // Cumulative counters: rates between consecutive polls.
+            let points: Vec<(u64, u64)> = polls.iter().filter_map(|s| Some((s.t_ms, f(s)?))).collect();
+            let rates: Vec<f64> = points
+                .windows(2)
+                .filter(|w| w[1].0 > w[0].0)
+                .map(|w| {
+                    w[1].1.saturating_sub(w[0].1) as f64 * 1024.0 / ((w[1].0 - w[0].0) as f64 / 1000.0) / 1e9
+                })
+                .collect();
+            if let Some(mean_gb_s) = mean(&rates) {
+                links.push(LinkRow {
+                    device,
+                    link: label.into(),
+                    mean_gb_s,
+                    max_gb_s: rates.iter().copied().fold(0.0, f64::max),
+                    peak_gb_s: nvlink_peak,
+                });
+            }
+        }
+    }
+    GpuMetricsReport {
+        interval_ms,
+        meanings: MEANINGS.to_vec(),
+        topology,
+        devices,
+        memory,
+        links,
+        series: samples,
+    }
+}
+
+/// Recommendations from the GPU metrics, joined with the traced calls.
+pub fn recommendations(metrics: &GpuMetricsReport, gpu: Option<&GpuReport>) -> Vec<Recommendation> {
+    let mut out = Vec::new();
+    let launches_per_s = gpu.map_or(0.0, |g| g.compute.launches_per_s);
+    for device in &metrics.devices {
+        let Some(util) = device.sm_util_mean else { continue };
+        if util < 40.0 && launches_per_s > 5_000.0 {
+            out.push(Recommendation {
+                impact: (1.0 - util / 100.0) * 0.5,
+                title: format!("GPU {} is launch-bound", device.device),
+                evidence: format!("SM utilization {util:.0}% while the host launches {launches_per_s:.0} kernels/s"),
+                action: "Launch fewer, larger kernels: CUDA graphs (torch.cuda.graphs, torch.compile mode=\"reduce-overhead\"), \
+                         kernel fusion, larger batches"
+                    .into(),
+            });
+        }
+    }
+    let busiest = metrics.devices.iter().filter_map(|d| d.sm_util_mean).fold(0.0, f64::max);
+    for device in &metrics.devices {
+        if busiest >= 50.0 && device.sm_util_max.is_some_and(|m| m < 5) {
+            out.push(Recommendation {
+                impact: 0.2,
+                title: format!("GPU {} sat idle", device.device),
+                evidence: format!("its SM utilization never passed 5% while another GPU averaged {busiest:.0}%"),
+                action: "Spread the work (data or model parallelism across all GPUs), or free the idle GPU for another job".into(),
+            });
+        }
+    }
+    let used: Vec<(u32, u64)> =
+        metrics.memory.iter().filter_map(|m| Some((m.device, m.reserved_max?))).collect();
+    if used.len() >= 2 {
+        let (max_device, max) = used.iter().copied().max_by_key(|(_, b)| *b).unwrap_or_default();
+        let (min_device, min) = used.iter().copied().min_by_key(|(_, b)| *b).unwrap_or_default();
+        if min > 0 && max as f64 / min as f64 > 1.5 {
+            out.push(Recommendation {
+                impact: 0.1,
+                title: "GPU memory is unbalanced across devices".into(),
+                evidence: format!(
+                    "GPU {max_device} holds {:.1} GiB, GPU {min_device} {:.1} GiB",
+                    max as f64 / (1u64 << 30) as f64,
+                    min as f64 / (1u64 << 30) as f64
+                ),
+                action: "Balance the partitioning (pipeline stages, tensor-parallel shards, the rank that keeps extra \
+                         state such as the optimizer or the logits)"
+                    .into(),
+            });
+        }
+    }
+    let pageable =
+        gpu.and_then(|g| g.interconnect.iter().find(|t| t.kind == "H2D")).map_or(0, |t| t.pageable);
+    for link in metrics.links.iter().filter(|l| l.link == "PCIe RX" || l.link == "PCIe TX") {
+        if let Some(peak) = link.peak_gb_s
+            && pageable > 0
+            && link.max_gb_s < 0.25 * peak
+        {
+            out.push(Recommendation {
+                impact: 0.1,
+                title: format!("PCIe of GPU {} runs far below its peak", link.device),
+                evidence: format!(
+                    "{} at most {:.2} GB/s of {peak:.1} GB/s, with {pageable} pageable host-to-device copies",
+                    link.link, link.max_gb_s
+                ),
+                action: "Pin the host buffers (cudaMallocHost, pin_memory=True) and batch copies: pageable copies stage \
+                         through a bounce buffer"
+                    .into(),
+            });
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t_ms: u64, device: u32, sm: u32) -> Sample {
+        Sample {
+            t_ms,
+            device,
+            sm_util_pct: Some(sm),
+            mem_util_pct: Some(10),
+            mem_used: Some(1 << 30),
+            power_mw: Some(100_000),
+            sm_clock_mhz: Some(1000),
+            mem_clock_mhz: Some(2000),
+            temperature_c: Some(50),
+            throttle: Some(0x4),
+            pcie_tx_kb_s: Some(1000),
+            pcie_rx_kb_s: None,
+            nvlink_tx_kib: Some(t_ms * 1024),
+            nvlink_rx_kib: None,
+            processes: BTreeMap::from([(7, 100), (8, 50)]),
+        }
+    }
+
+    #[test]
+    fn device_statistics_and_counters_as_rates() {
+        let samples = vec![sample(0, 0, 10), sample(100, 0, 30), sample(200, 0, 50)];
+        let report = build(samples, Topology::default(), 100, None, &BTreeSet::from([7]));
+        let device = &report.devices[0];
+        assert_eq!(device.samples, 3);
+        assert_eq!(
+            (device.sm_util_mean, device.sm_util_p50, device.sm_util_max),
+            (Some(30.0), Some(30), Some(50))
+        );
+        assert_eq!(device.power_mean_w, Some(100.0));
+        assert_eq!(device.throttle_reasons, ["software power cap"]);
+        assert_eq!(report.memory[0].target_processes_max, 100);
+        let nvlink = report.links.iter().find(|l| l.link == "NVLink TX").unwrap();
+        // 1024 KiB per 100 ms... per ms of t: 1 MiB/s x 1000 = 1.048 GB/s.
+        assert!((nvlink.mean_gb_s - 1.048576).abs() < 1e-6, "{}", nvlink.mean_gb_s);
+        assert_eq!(report.series.len(), 3);
+    }
+}
