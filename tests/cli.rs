@@ -101,6 +101,124 @@ fn through_sudo_the_command_runs_as_the_user_and_the_results_are_theirs() {
     }
 }
 
+/// The memory section of the golden report: a process with a heap, a GPU, a range copied again.
+fn memory_section() -> sysprof::memory::report::MemoryReport {
+    use sysprof::memory::{
+        heap::ProbedAllocator,
+        profiles::{AllocSite, FaultSite},
+        redundancy::{CopiedRange, HostEvidence},
+        report::*,
+        usage::MemorySample,
+    };
+    let sample = |t_ms, rss_anon| MemorySample {
+        t_ms,
+        rss_anon,
+        rss_file: 4 << 20,
+        rss_shmem: 0,
+        rss_peak: 300 << 20,
+        vm_size: 1 << 30,
+        swap: 0,
+    };
+    MemoryReport {
+        interval_ms: 250,
+        overview: vec![
+            OverviewRow {
+                side: Side::Cpu,
+                what: "busy (4242)".into(),
+                allocated: Some(10 << 20),
+                reserved: Some(200 << 20),
+                peak: Some(300 << 20),
+                on_both_sides: 2 << 20,
+                recopied: 8 << 20,
+                minor_faults: Some(51_200),
+                major_faults: Some(3),
+            },
+            OverviewRow {
+                side: Side::Gpu,
+                what: "GPU 0".into(),
+                allocated: Some(2 << 20),
+                reserved: None,
+                peak: Some(3 << 20),
+                on_both_sides: 2 << 20,
+                recopied: 0,
+                minor_faults: None,
+                major_faults: None,
+            },
+        ],
+        processes: vec![ProcessMemory {
+            pid: 4242,
+            name: "busy".into(),
+            rss_max: sample(1000, 280 << 20),
+            end: sample(3000, 196 << 20),
+            swap_max: 0,
+            minor_faults: 51_200,
+            major_faults: 3,
+            faults_per_s: 17_067.0,
+            address_space: Some(AddressSpaceChanges {
+                mmap_calls: 12,
+                mmap_bytes: 36 << 20,
+                munmap_calls: 10,
+                munmap_bytes: 30 << 20,
+                brk_calls: 4,
+                brk_grow_bytes: 528 << 10,
+                ..AddressSpaceChanges::default()
+            }),
+            heap: Some(Heap {
+                allocations: 4050,
+                frees: 4000,
+                bytes: 9_304_800,
+                allocations_per_s: 1350.0,
+                live: 204_800,
+                peak_live: 215_000,
+                size_p50: 1000,
+                size_p99: 5000,
+                size_max: 5000,
+                untracked_frees: 0,
+            }),
+            series: vec![],
+        }],
+        fault_sites: vec![FaultSite {
+            pid: 4242,
+            process: "busy".into(),
+            site: "touch_pages (busy)".into(),
+            faults: 50_000,
+            share: 0.98,
+        }],
+        heap: Some(HeapReport {
+            allocators: vec![ProbedAllocator {
+                allocator: "glibc".into(),
+                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                functions: vec!["malloc".into(), "calloc".into(), "realloc".into(), "free".into()],
+            }],
+            sites: vec![AllocSite {
+                pid: 4242,
+                process: "busy".into(),
+                site: "allocate_known_sizes (busy)".into(),
+                allocations: 4000,
+                bytes: 9_100_000,
+                live_bytes: 0,
+            }],
+            probe_cost: Some(sysprof::gpu::report::ProbeCost {
+                ns_per_call: 7400.0,
+                hits: 8050,
+                added_s: 0.0596,
+            }),
+        }),
+        copied_ranges: vec![CopiedRange {
+            pid: 4242,
+            host: 0x7f00_0000_0000,
+            bytes: 2 << 20,
+            copies: 5,
+            device: Some(0),
+            device_allocated: true,
+            host_evidence: HostEvidence::PinnedAllocation,
+            on_both_sides: true,
+            recopied: 8 << 20,
+            call_site: "upload_constant_input (busy)".into(),
+        }],
+    }
+}
+
 /// A report built by hand: the Markdown rendering of every section, pinned by a golden file.
 #[test]
 fn the_markdown_report_matches_its_golden_file() {
@@ -219,6 +337,7 @@ fn the_markdown_report_matches_its_golden_file() {
         }),
         gpu: None,
         gpu_metrics: None,
+        memory: Some(memory_section()),
         functions: vec![],
         recommendations: vec![Recommendation {
             impact: 0.77,

@@ -41,6 +41,18 @@ pub mod names {
     pub const CALLS: &str = "CALLS";
     /// Ring buffer of [`crate::CallEvent`]s (calls whose arguments matter).
     pub const CALL_EVENTS: &str = "CALL_EVENTS";
+    /// Hash: tgid -> [`crate::AddressSpace`].
+    pub const ADDRESS_SPACE: &str = "ADDRESS_SPACE";
+    /// Hash: tgid << 1 | major -> page faults (exact).
+    pub const FAULT_COUNTS: &str = "FAULT_COUNTS";
+    /// Hash: [`crate::FaultKey`] -> sampled faults (weighted).
+    pub const FAULT_STACKS: &str = "FAULT_STACKS";
+    /// Hash: [`crate::AllocKey`] -> [`crate::AllocStats`] (bytes allocated by call site).
+    pub const ALLOC_STACKS: &str = "ALLOC_STACKS";
+    /// Hash: tgid -> [`crate::ProcessAllocs`].
+    pub const PROCESS_ALLOCS: &str = "PROCESS_ALLOCS";
+    /// LRU hash: [`crate::LiveKey`] -> [`crate::LiveAlloc`]: allocations not freed yet.
+    pub const LIVE_ALLOCS: &str = "LIVE_ALLOCS";
     /// Array with one u64: bumped whenever the target set changes, so per-CPU caches of
     /// "is this process a target" know to decide again.
     pub const TARGETS_GENERATION: &str = "TARGETS_GENERATION";
@@ -71,6 +83,14 @@ pub mod capacity {
     pub const CALLS: u32 = 16 * 1024;
     /// Bytes of the call-event ring buffer.
     pub const CALL_EVENTS: u32 = 4 * 1024 * 1024;
+    pub const ADDRESS_SPACE: u32 = 4 * 1024;
+    pub const FAULT_COUNTS: u32 = 8 * 1024;
+    pub const FAULT_STACKS: u32 = 32 * 1024;
+    pub const ALLOC_STACKS: u32 = 32 * 1024;
+    pub const PROCESS_ALLOCS: u32 = 4 * 1024;
+    /// Live allocations tracked at once with --malloc (least recently used ones are forgotten
+    /// beyond it). The map is preallocated: about 25 MiB of kernel memory.
+    pub const LIVE_ALLOCS: u32 = 256 * 1024;
 }
 
 /// Which tasks the programs count.
@@ -112,6 +132,15 @@ pub struct Config {
     /// Counts and errors are always exact.
     pub syscall_burst: u32,
     pub syscall_sample_every: u32,
+    /// Count address-space syscalls (mmap, munmap, brk, mremap) per process: 1 on, 0 off.
+    pub address_space: u32,
+    /// This architecture's numbers of mmap, munmap, brk and mremap.
+    pub nr_mmap: u32,
+    pub nr_munmap: u32,
+    pub nr_brk: u32,
+    pub nr_mremap: u32,
+    /// Page-fault stacks are taken for 1 fault in this many (counts stay exact).
+    pub fault_stack_every: u32,
     pub _pad: u32,
 }
 
@@ -242,6 +271,8 @@ pub struct InFlight {
     /// 1 when timed from the moment it blocked rather than from entry.
     pub from_block: u32,
     pub _pad: u32,
+    /// The first three arguments, for the address-space syscalls only (else zero).
+    pub args: [u64; 3],
 }
 
 /// The syscall programs' per-CPU state: the call in flight on this CPU, the stretch of calls
@@ -393,6 +424,97 @@ pub struct CallEvent {
     pub caller: u64,
 }
 
+/// Address-space changes of one process, from the syscalls' arguments.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AddressSpace {
+    pub mmap_calls: u64,
+    pub mmap_bytes: u64,
+    pub munmap_calls: u64,
+    pub munmap_bytes: u64,
+    pub brk_calls: u64,
+    pub brk_grow_bytes: u64,
+    pub brk_shrink_bytes: u64,
+    pub mremap_calls: u64,
+    pub mremap_grow_bytes: u64,
+    pub mremap_shrink_bytes: u64,
+    /// The break after the last brk (to measure the next one's change).
+    pub last_brk: u64,
+}
+
+/// Key of sampled page-fault stacks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FaultKey {
+    pub tgid: u32,
+    /// 1 for a major fault (it read from disk), 0 for a minor one.
+    pub major: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+}
+
+/// The allocator functions `--malloc` probes; the uprobe cookie says which.
+pub mod alloc {
+    pub const MALLOC: u64 = 1;
+    pub const CALLOC: u64 = 2;
+    pub const REALLOC: u64 = 3;
+    /// aligned_alloc(alignment, size), memalign(alignment, size).
+    pub const ALIGNED: u64 = 4;
+    /// posix_memalign(void **out, alignment, size).
+    pub const POSIX_MEMALIGN: u64 = 5;
+}
+
+/// Allocations of one call site of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AllocKey {
+    pub tgid: u32,
+    pub user_stack_id: i32,
+    /// Return address of the allocator call: the caller, which a frame-pointer walk started
+    /// at the allocator's first instruction skips.
+    pub caller: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// Heap activity of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessAllocs {
+    pub allocs: u64,
+    pub frees: u64,
+    pub bytes: u64,
+    /// Bytes allocated and not freed (of the allocations sysprof saw).
+    pub live: u64,
+    pub peak_live: u64,
+    /// Frees of memory allocated before the trace (or forgotten beyond LIVE_ALLOCS).
+    pub untracked_frees: u64,
+    /// Allocation sizes, in the latency histogram's log-linear buckets (bytes, not ns).
+    pub sizes: LatencyHistogram,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LiveKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub ptr: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveAlloc {
+    pub size: u64,
+    pub caller: u64,
+    pub user_stack_id: i32,
+    pub _pad: u32,
+}
+
 /// Kinds of [`ProcessEvent`].
 pub mod process_event {
     /// A target process created a child process (not a thread).
@@ -448,13 +570,17 @@ pub enum Counter {
     CallsLost = 9,
     /// Call events dropped because the ring buffer was full.
     CallEventsLost = 10,
+    /// Page faults not counted (a map was full).
+    FaultsLost = 11,
+    /// Allocations not counted (a map was full).
+    AllocsLost = 12,
 }
 
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 11] = [
+    pub const ALL: [Counter; 13] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -466,6 +592,8 @@ impl Counter {
         Counter::OffCpuLost,
         Counter::CallsLost,
         Counter::CallEventsLost,
+        Counter::FaultsLost,
+        Counter::AllocsLost,
     ];
 }
 
@@ -484,6 +612,13 @@ mod pod {
     unsafe impl aya::Pod for super::CallKey {}
     unsafe impl aya::Pod for super::CallStats {}
     unsafe impl aya::Pod for super::CallEvent {}
+    unsafe impl aya::Pod for super::AddressSpace {}
+    unsafe impl aya::Pod for super::FaultKey {}
+    unsafe impl aya::Pod for super::AllocKey {}
+    unsafe impl aya::Pod for super::AllocStats {}
+    unsafe impl aya::Pod for super::ProcessAllocs {}
+    unsafe impl aya::Pod for super::LiveKey {}
+    unsafe impl aya::Pod for super::LiveAlloc {}
     unsafe impl aya::Pod for super::ThreadSched {}
     unsafe impl aya::Pod for super::OffCpuKey {}
     unsafe impl aya::Pod for super::OffCpuValue {}
@@ -497,17 +632,23 @@ mod tests {
 
     #[test]
     fn shared_types_have_no_padding() {
-        assert_eq!(size_of::<Config>(), 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 4 * 4);
+        assert_eq!(size_of::<Config>(), 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 10 * 4);
         assert_eq!(size_of::<SampleKey>(), 4 * 4 + TASK_COMM_LEN);
         assert_eq!(size_of::<ProcessEvent>(), 4 * 4 + 8 + TASK_COMM_LEN);
         assert_eq!(size_of::<LatencyHistogram>(), 3 * 8 + 4 * histogram::BUCKETS);
         assert_eq!(size_of::<SyscallStats>(), size_of::<LatencyHistogram>() + 4 * 8);
         assert_eq!(size_of::<SyscallErrorKey>(), 16);
-        assert_eq!(size_of::<InFlight>(), 32);
+        assert_eq!(size_of::<InFlight>(), 56);
         assert_eq!(size_of::<CallKey>(), 32);
+        assert_eq!(size_of::<AddressSpace>(), 11 * 8);
+        assert_eq!(size_of::<FaultKey>(), 16);
+        assert_eq!(size_of::<ProcessAllocs>(), 6 * 8 + size_of::<LatencyHistogram>());
+        assert_eq!(size_of::<LiveKey>(), 16);
+        assert_eq!(size_of::<AllocKey>(), 16);
+        assert_eq!(size_of::<LiveAlloc>(), 24);
         assert_eq!(size_of::<CallStats>(), 8 + size_of::<LatencyHistogram>());
         assert_eq!(size_of::<CallEvent>(), 4 * 4 + 3 * 8 + 8 * 8 + 2 * 8);
-        assert_eq!(size_of::<SyscallSlot>(), 8 + 32 + 16 * PENDING_COUNTS);
+        assert_eq!(size_of::<SyscallSlot>(), 8 + 56 + 16 * PENDING_COUNTS);
         assert_eq!(size_of::<ThreadSched>(), 2 * 4 + 5 * 8 + TASK_COMM_LEN);
         assert_eq!(size_of::<OffCpuKey>(), 16);
     }

@@ -15,13 +15,13 @@ use aya_ebpf::{
     },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, RingBuf},
-    programs::{ProbeContext, RetProbeContext, tracing::StackIdContext as _},
+    programs::{ProbeContext, RetProbeContext},
 };
 use sysprof_common::{
-    CallEvent, CallKey, CallStats, Counter, call, call::memcpy3d, call::memcpy3d_offsets, capacity, stack,
+    CallEvent, CallKey, CallStats, Counter, call, call::memcpy3d, call::memcpy3d_offsets, capacity,
 };
 
-use crate::{counters, histogram::record, maps::STACKS, target, task_state::TaskStorage};
+use crate::{counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage};
 
 #[map]
 static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries(capacity::CALLS, BPF_F_NO_PREALLOC);
@@ -40,18 +40,13 @@ pub struct CallInFlight {
     start_ns: u64,
     args: [u64; 8],
     caller: u64,
-    /// Stack pointer at the outermost call's entry: a nested call runs below it.
-    entry_sp: u64,
+    nesting: Nesting,
     user_stack_id: i32,
-    /// Probed calls open on this thread (nested ones included).
-    depth: u32,
+    _pad: u32,
 }
 
 #[aya_ebpf::macros::btf_map]
 static CALL_STATE: TaskStorage<CallInFlight> = TaskStorage::new();
-
-/// -EFAULT: no stack of the asked kind.
-const EFAULT: i32 = -14;
 
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
@@ -62,29 +57,14 @@ pub fn call_enter(ctx: ProbeContext) -> u32 {
     let Some(state) = CALL_STATE.current(true) else {
         return 0;
     };
-    let sp = stack_pointer(&ctx);
-    // An open call whose frame is not above this one returned unseen (its return probe was
-    // not yet attached, or it left by longjmp): start afresh rather than stay "nested".
-    if state.depth > 0 && sp >= state.entry_sp {
-        state.depth = 0;
-    }
-    state.depth += 1;
-    if state.depth > 1 {
+    if !state.nesting.enter(stack_pointer(&ctx)) {
         // Inside another probed call (cudaMemcpy calling cuMemcpyHtoD): counted once, outside.
         return 0;
     }
-    state.entry_sp = sp;
     // SAFETY: plain helper call on this program's context.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     state.cookie = cookie;
-    state.user_stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as i32,
-        Err(EFAULT) => stack::NONE,
-        Err(_) => {
-            counters::add(Counter::UserStacksLost, 1);
-            stack::LOST
-        }
-    };
+    state.user_stack_id = stack_id(&ctx, BPF_F_USER_STACK as u64);
     for (index, arg) in state.args.iter_mut().enumerate() {
         *arg = argument(&ctx, index);
     }
@@ -105,11 +85,7 @@ pub fn call_return(ctx: RetProbeContext) -> u32 {
     let Some(state) = CALL_STATE.current(false) else {
         return 0;
     };
-    if state.depth == 0 {
-        return 0;
-    }
-    state.depth -= 1;
-    if state.depth > 0 {
+    if !state.nesting.leave() {
         return 0;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -198,7 +174,7 @@ fn argument(ctx: &ProbeContext, index: usize) -> u64 {
 
 /// The stack pointer at the probe.
 #[inline(always)]
-fn stack_pointer(ctx: &ProbeContext) -> u64 {
+pub fn stack_pointer(ctx: &ProbeContext) -> u64 {
     // SAFETY: `regs` is the probe's register frame.
     #[cfg(bpf_target_arch = "x86_64")]
     return unsafe { (*ctx.regs).rsp };
@@ -211,7 +187,7 @@ fn stack_pointer(ctx: &ProbeContext) -> u64 {
 
 /// Where the probed function returns to, read at its first instruction.
 #[inline(always)]
-fn return_address(ctx: &ProbeContext) -> u64 {
+pub fn return_address(ctx: &ProbeContext) -> u64 {
     #[cfg(bpf_target_arch = "x86_64")]
     {
         // The call instruction just pushed it.

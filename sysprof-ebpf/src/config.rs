@@ -16,6 +16,12 @@ static CONFIG: Config = Config {
     sched_stats: 0,
     syscall_burst: 0,
     syscall_sample_every: 1,
+    address_space: 0,
+    nr_mmap: u32::MAX,
+    nr_munmap: u32::MAX,
+    nr_brk: u32::MAX,
+    nr_mremap: u32::MAX,
+    fault_stack_every: 8,
     _pad: 0,
 };
 

@@ -6,18 +6,15 @@ use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, perf_event},
     maps::HashMap,
-    programs::{PerfEventContext, tracing::StackIdContext as _},
+    programs::PerfEventContext,
 };
-use sysprof_common::{Counter, SampleKey, TASK_COMM_LEN, capacity, stack};
+use sysprof_common::{Counter, SampleKey, TASK_COMM_LEN, capacity};
 
-use crate::{atomic, counters, maps::STACKS, target};
+use crate::{atomic, counters, maps::stack_id, target};
 
 /// Sample counts per key.
 #[map]
 static CPU_SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(capacity::CPU_SAMPLES, 0);
-
-/// -EFAULT: `bpf_get_stackid` found no stack of the asked kind.
-const EFAULT: i32 = -14;
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
@@ -35,26 +32,13 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     let key = SampleKey {
         tgid,
         tid: pid_tgid as u32,
-        user_stack_id: stack_id(ctx, BPF_F_USER_STACK as u64, Counter::UserStacksLost),
-        kernel_stack_id: stack_id(ctx, 0, Counter::KernelStacksLost),
+        user_stack_id: stack_id(ctx, BPF_F_USER_STACK as u64),
+        kernel_stack_id: stack_id(ctx, 0),
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     counters::add(Counter::CpuSamples, 1);
     if !increment(&key) {
         counters::add(Counter::CpuSamplesLost, 1);
-    }
-}
-
-/// The stack's id in `STACKS`, or a `stack::` marker saying why there is none.
-#[inline(always)]
-fn stack_id(ctx: &PerfEventContext, flags: u64, lost: Counter) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as i32,
-        Err(EFAULT) => stack::NONE,
-        Err(_) => {
-            counters::add(lost, 1);
-            stack::LOST
-        }
     }
 }
 

@@ -18,6 +18,8 @@ mod counters;
 mod cpu;
 mod histogram;
 mod maps;
+mod memory;
+mod nesting;
 mod process;
 mod sched;
 mod syscalls;

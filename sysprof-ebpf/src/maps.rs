@@ -1,10 +1,14 @@
 //! Maps shared by several program families. Names match `sysprof_common::names`.
 
 use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    programs::tracing::StackIdContext,
 };
-use sysprof_common::{Counter, capacity};
+use sysprof_common::{Counter, capacity, stack};
+
+use crate::counters;
 
 /// Stack id -> frame addresses, for kernel and user stacks alike.
 #[map]
@@ -25,3 +29,22 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::S
 /// Process life-cycle events for userspace.
 #[map]
 pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(capacity::PROCESS_EVENTS, 0);
+
+/// -EFAULT: `bpf_get_stackid` found no stack of the asked kind.
+const EFAULT: i32 = -14;
+
+/// The id in `STACKS` of the current stack (`flags`: 0 for the kernel's, `BPF_F_USER_STACK`
+/// for the user's), or a `stack::` marker saying why there is none. A stack the map could not
+/// keep is counted as lost.
+#[inline(always)]
+pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(EFAULT) => stack::NONE,
+        Err(_) => {
+            let user = flags & u64::from(BPF_F_USER_STACK) != 0;
+            counters::add(if user { Counter::UserStacksLost } else { Counter::KernelStacksLost }, 1);
+            stack::LOST
+        }
+    }
+}

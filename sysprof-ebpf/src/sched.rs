@@ -13,11 +13,10 @@ use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap},
-    programs::{BtfTracePointContext, tracing::StackIdContext as _},
+    programs::BtfTracePointContext,
 };
 use sysprof_common::{
     Counter, LatencyHistogram, OffCpuKey, OffCpuValue, TASK_COMM_LEN, TASK_REPORT_MAX, ThreadSched, capacity,
-    stack,
 };
 
 use crate::{
@@ -25,7 +24,7 @@ use crate::{
     config::config,
     counters,
     histogram::record,
-    maps::STACKS,
+    maps::stack_id,
     syscalls, target,
     task_state::{TARGET, TASK_STATE, TaskState},
 };
@@ -43,9 +42,6 @@ static OFFCPU: HashMap<OffCpuKey, OffCpuValue> = HashMap::with_max_entries(capac
 /// A zeroed histogram to insert from: too big for the BPF stack.
 #[map]
 static ZERO_HISTOGRAM: Array<LatencyHistogram> = Array::with_max_entries(1, 0);
-
-/// -EFAULT: no stack of the asked kind.
-const EFAULT: i32 = -14;
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
 /// unsigned int prev_state)`, run by `prev` (still current).
@@ -144,19 +140,6 @@ pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
         state.runnable_since_ns = unsafe { bpf_ktime_get_ns() };
     }
     0
-}
-
-#[inline(always)]
-fn stack_id(ctx: &BtfTracePointContext, flags: u64) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as i32,
-        Err(EFAULT) => stack::NONE,
-        Err(_) => {
-            let lost = if flags == 0 { Counter::KernelStacksLost } else { Counter::UserStacksLost };
-            counters::add(lost, 1);
-            stack::LOST
-        }
-    }
 }
 
 /// The thread's statistics, created (when `create`) with its process id.

@@ -29,7 +29,9 @@ use sysprof_common::{
     capacity,
 };
 
-use crate::{atomic, config::config, counters, histogram::record_weighted, target, task_state::TASK_STATE};
+use crate::{
+    atomic, config::config, counters, histogram::record_weighted, memory, target, task_state::TASK_STATE,
+};
 
 #[map]
 static SYSCALLS: HashMap<SyscallKey, SyscallStats> =
@@ -74,6 +76,11 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: plain helper call.
     let timed = !in_burst || unsafe { bpf_get_prandom_u32() } % every == 0;
     let nr: i64 = ctx.arg(1);
+    let args = if config.address_space != 0 && memory::is_address_space_call(nr as u32) {
+        memory::syscall_args(&ctx)
+    } else {
+        [0; 3]
+    };
     slot.call = InFlight {
         tgid,
         nr: nr as u32,
@@ -83,6 +90,7 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
         active: 1,
         from_block: 0,
         _pad: 0,
+        args,
     };
     0
 }
@@ -111,6 +119,9 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
         state.syscall
     };
     let ret: i64 = ctx.arg(1);
+    if config().address_space != 0 {
+        memory::account_address_space(&call, ret);
+    }
     record_call(slot, &call, ret);
     0
 }

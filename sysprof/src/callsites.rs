@@ -18,8 +18,19 @@ use crate::{
 };
 
 /// Libraries whose frames are the mechanism of a call, not its caller.
-const RUNTIME_MODULES: [&str; 8] =
-    ["libcudart", "libcuda.", "libnccl", "libc.so", "libc-", "libstdc++", "libpthread", "ld-linux"];
+const RUNTIME_MODULES: [&str; 11] = [
+    "libcudart",
+    "libcuda.",
+    "libnccl",
+    "libc.so",
+    "libc-",
+    "libstdc++",
+    "libpthread",
+    "ld-linux",
+    "libjemalloc",
+    "libtcmalloc",
+    "libmimalloc",
+];
 
 fn is_mechanism(frame: &Frame) -> bool {
     frame.is_kernel()
@@ -92,7 +103,14 @@ fn sample(tgid: u32, user_stack_id: i32) -> StackSample {
     }
 }
 
-fn describe(frame: &Frame) -> String {
+/// The innermost frame of the program's own code in a stack (outermost first): where it called
+/// into the libraries.
+pub fn own_frame(frames: &[Frame]) -> Option<&Frame> {
+    frames.iter().rev().find(|f| !is_mechanism(f))
+}
+
+/// A frame as a call site: `function (module)`.
+pub fn describe(frame: &Frame) -> String {
     format!("{} ({})", frame.function, frame.module)
 }
 
@@ -107,13 +125,7 @@ impl Names for CallNames {
             return "[no user stack]".into();
         }
         let frames = self.stacks.frames(&sample(tgid, user_stack_id));
-        frames
-            .iter()
-            .rev()
-            .find(|f| !is_mechanism(f))
-            .or_else(|| frames.last())
-            .map(describe)
-            .unwrap_or_else(|| "[no user stack]".into())
+        own_frame(&frames).or_else(|| frames.last()).map(describe).unwrap_or_else(|| "[no user stack]".into())
     }
 
     fn symbol(&self, tgid: u32, address: u64) -> String {

@@ -6,7 +6,12 @@ use std::path::Path;
 use serde::Serialize;
 use sysprof_common::{Config, filter};
 
-use crate::{btf, config::SampleEvent, privileges, probes::Probes};
+use crate::{
+    btf,
+    config::SampleEvent,
+    privileges,
+    probes::{MapSizes, Probes},
+};
 
 /// One finding.
 #[derive(Clone, Debug, Serialize)]
@@ -186,7 +191,7 @@ fn paranoid_finding() -> Finding {
 fn bpf_findings() -> Vec<Finding> {
     let quiet_config = Config { filter: filter::TARGETS, ..Config::default() };
     let mut findings = Vec::new();
-    let mut probes = match Probes::load(&quiet_config, 64) {
+    let mut probes = match Probes::load(&quiet_config, MapSizes { stacks: 64, live_allocations: 1 }) {
         Ok(probes) => {
             findings.push(Finding {
                 name: "BPF load",
@@ -216,6 +221,14 @@ fn bpf_findings() -> Vec<Finding> {
         },
         Err(error) => Finding { name: "raw tracepoints", status: "fail", detail: format!("{error:#}") },
     });
+    findings.push(match probes.attach_page_faults() {
+        Ok(()) => Finding {
+            name: "page-fault events",
+            status: "ok",
+            detail: "minor and major fault programs attach on every CPU".into(),
+        },
+        Err(error) => Finding { name: "page-fault events", status: "fail", detail: format!("{error:#}") },
+    });
     findings.push(if probes.stats_available() {
         Finding {
             name: "BPF statistics",
@@ -229,13 +242,13 @@ fn bpf_findings() -> Vec<Finding> {
             detail: "the report cannot give BPF program run times".into(),
         }
     });
-    probes.detach();
+    probes.detach().wait();
     findings.push(
-        match Probes::load(&quiet_config, 64)
+        match Probes::load(&quiet_config, MapSizes { stacks: 64, live_allocations: 1 })
             .and_then(|mut p| p.attach_cpu_sampling(SampleEvent::Cycles, 1).map(|()| p))
         {
             Ok(probes) => {
-                probes.detach();
+                probes.detach().wait();
                 Finding { name: "hardware PMU", status: "ok", detail: "--event cycles available".into() }
             }
             Err(_) => Finding {

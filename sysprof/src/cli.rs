@@ -46,8 +46,10 @@ Examples:
   sudo sysprof trace --unit nginx.service          profile a systemd service
   sudo sysprof trace --comm python3 -o out/        every process named python3, now or later
 
-Results go to ./profile_output/: cpu.svg and offcpu.svg (open in a browser), their .folded
-stacks, report.md, report.json. Ctrl-C ends the trace early and still writes everything.";
+  sudo sysprof trace --malloc -- ./server          heap profiling too (allocator probes)
+
+Results go to ./profile_output/: cpu.svg, offcpu.svg, faults.svg (alloc.svg with --malloc),
+their .folded stacks, report.md, report.json. Ctrl-C ends the trace early and still writes everything.";
 
 /// `sysprof trace` options.
 #[derive(Debug, Args)]
@@ -118,6 +120,17 @@ pub struct TraceArgs {
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
 
+    /// Profile the heap: probe the allocator the target uses (glibc malloc/calloc/realloc/free,
+    /// jemalloc, tcmalloc, mimalloc) for allocation rate, sizes, live and peak bytes and the
+    /// stacks that allocate most; off by default: every allocator call then costs a few
+    /// microseconds (measured and reported)
+    #[arg(long)]
+    pub malloc: bool,
+
+    /// How often each target's memory (RSS by kind, swap) is read
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
+    pub memory_interval: Duration,
+
     /// Time a function of the target: BIN is a path, or the name of a binary or library the
     /// target maps (repeatable)
     #[arg(long = "func", value_name = "BIN:SYMBOL")]
@@ -172,6 +185,12 @@ impl TraceArgs {
         {
             return Err(UsageError("--duration must be more than 0".into()));
         }
+        if self.memory_interval < Duration::from_millis(10) {
+            return Err(UsageError("--memory-interval must be at least 10ms".into()));
+        }
+        if self.malloc && !self.focus.is_empty() && !self.focus.contains(&Family::Memory) {
+            return Err(UsageError("--malloc needs the memory family: add memory to --focus".into()));
+        }
         Ok(TraceConfig {
             target,
             duration: self.duration,
@@ -183,6 +202,8 @@ impl TraceArgs {
             functions: self.funcs.clone(),
             gpu_interval: self.gpu_interval,
             nvml_library: self.nvml_lib.clone(),
+            malloc: self.malloc,
+            memory_interval: self.memory_interval,
             focus: self.focus,
             output_dir: self.output,
             quiet: self.quiet,
@@ -296,6 +317,15 @@ mod tests {
         assert_eq!(config.focus, vec![Family::Cpu]);
         assert!(config.wants(Family::Cpu));
         assert!(parse(&["sysprof", "trace", "--all", "--focus", "bogus"]).is_err());
+    }
+
+    #[test]
+    fn malloc_needs_the_memory_family() {
+        let config = parse(&["sysprof", "trace", "--all", "--malloc"]).unwrap();
+        assert!(config.malloc && config.wants(Family::Memory));
+        assert!(parse(&["sysprof", "trace", "--all", "--malloc", "--focus", "memory"]).is_ok());
+        let error = parse(&["sysprof", "trace", "--all", "--malloc", "--focus", "cpu"]).unwrap_err();
+        assert!(error.contains("add memory to --focus"), "{error}");
     }
 
     #[test]

@@ -14,8 +14,8 @@ use tokio::{
 };
 
 use crate::{
-    funcs::FuncTracer, gpu::GpuTracer, output::thousands, probes::Probes, procs::ProcessTable,
-    selfcost::StatsWindows, target,
+    funcs::FuncTracer, gpu::GpuTracer, memory::heap::HeapTracer, output::thousands, probes::Probes,
+    procs::ProcessTable, selfcost::StatsWindows, target,
 };
 
 /// Why the trace ended.
@@ -102,11 +102,13 @@ const TICK: Duration = Duration::from_millis(20);
 /// How often the status line is redrawn and the targets' liveness checked.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
-/// The uprobe side of the trace: GPU libraries and `--func` functions, attached as the target
-/// maps them, and the events of the calls that carry arguments.
+/// The uprobe side of the trace: GPU libraries, `--func` functions and the allocator
+/// (`--malloc`), attached as the target maps them, and the events of the calls that carry
+/// arguments.
 pub struct CallTracing {
     pub gpu: Option<GpuTracer>,
     pub funcs: FuncTracer,
+    pub heap: Option<HeapTracer>,
     pub events: Option<RingBuf<MapData>>,
     /// `ProcessTable::maps_version` at the last look.
     pub seen_maps: u64,
@@ -116,6 +118,9 @@ impl CallTracing {
     /// Attaches to libraries and binaries the target mapped since the last look (dlopen,
     /// exec of a new program).
     pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        if let Some(heap) = &mut self.heap {
+            heap.release_exited(probes, processes);
+        }
         if processes.maps_version() == self.seen_maps {
             return;
         }
@@ -124,6 +129,9 @@ impl CallTracing {
             gpu.attach_new(probes, processes);
         }
         self.funcs.attach_ready(probes, processes);
+        if let Some(heap) = &mut self.heap {
+            heap.attach_new(probes, processes);
+        }
     }
 
     fn on_event(&mut self, event: &CallEvent) {
@@ -189,6 +197,7 @@ pub async fn collect(
             }
             _ = tick.tick() => {
                 processes.rescan_due();
+                processes.sample_memory_due();
                 calls.attach_new(probes, processes);
                 stats_windows.tick(probes);
                 if last_status.elapsed() >= STATUS_EVERY {
@@ -197,10 +206,11 @@ pub async fn collect(
                         break EndReason::TargetsExited;
                     }
                     if let Ok(counters) = probes.counters() {
-                        let lost = counters.get(Counter::CpuSamplesLost)
-                            + counters.get(Counter::UserStacksLost)
-                            + counters.get(Counter::KernelStacksLost)
-                            + counters.get(Counter::ProcessEventsLost);
+                        let lost = Counter::ALL
+                            .iter()
+                            .filter(|c| **c != Counter::CpuSamples)
+                            .map(|c| counters.get(*c))
+                            .sum();
                         status.update(started.elapsed(), counters.get(Counter::CpuSamples), lost);
                     }
                 }

@@ -76,11 +76,14 @@ pub enum Family {
     /// CUDA runtime/driver and NCCL calls (uprobes on the libraries the target maps), and GPU
     /// metrics from NVML.
     Gpu,
+    /// Process memory over the run, page faults with stacks, address-space changes
+    /// (mmap/munmap/brk/mremap), data on both CPU and GPU; the heap too with `--malloc`.
+    Memory,
 }
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 4] = [Family::Cpu, Family::Sched, Family::Syscalls, Family::Gpu];
+    pub const ALL: [Family; 5] = [Family::Cpu, Family::Sched, Family::Syscalls, Family::Gpu, Family::Memory];
 }
 
 /// Everything `sysprof trace` needs to run.
@@ -104,6 +107,10 @@ pub struct TraceConfig {
     pub gpu_interval: Duration,
     /// The NVML library (default: the driver's libnvidia-ml.so.1).
     pub nvml_library: Option<PathBuf>,
+    /// Probe the allocator (malloc, free, ...): heap profiling, at a cost per call.
+    pub malloc: bool,
+    /// How often each target's memory (RSS, swap) is read.
+    pub memory_interval: Duration,
     /// Probe families to attach; empty means all that apply.
     pub focus: Vec<Family>,
     pub output_dir: PathBuf,
@@ -129,6 +136,8 @@ impl TraceConfig {
             functions: Vec::new(),
             gpu_interval: Duration::from_millis(100),
             nvml_library: None,
+            malloc: false,
+            memory_interval: Duration::from_millis(250),
             focus: Vec::new(),
             output_dir: PathBuf::from("profile_output"),
             quiet: false,

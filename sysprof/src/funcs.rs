@@ -60,7 +60,7 @@ impl FuncTracer {
     pub fn attach_for_program(&mut self, probes: &mut Probes, program: &Path) {
         let mut files = vec![program.to_path_buf()];
         if self.specs.iter().any(|spec| !spec.binary.contains('/')) {
-            files.extend(crate::gpu::needed::needed_libraries(program));
+            files.extend(crate::uprobes::needed::needed_libraries(program));
         }
         self.attach_found(probes, |name| files.iter().find(|file| file_matches(file, name)).cloned());
     }

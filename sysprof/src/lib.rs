@@ -8,11 +8,13 @@
 //! 2. load/attach: [`probes`] (the embedded BPF object), [`launch`] (`-- CMD` held at a gate);
 //! 3. collect: [`collect`] (events, status line, the end of the trace), [`procs`] and
 //!    [`procmaps`] (memory maps kept for symbolization);
-//! 4. aggregate: [`profile`] (stacks), [`sched`], [`syscalls`], [`latency`] (histograms);
+//! 4. aggregate: [`finish`] (read out, detach), [`profile`] (stacks), [`sched`], [`syscalls`],
+//!    [`memory`], [`gpu`], [`nvml`], [`latency`] (histograms);
 //! 5. symbolize: [`symbolize`];
 //! 6. write: [`report`] (the model) and [`output`] (folded, SVG, Markdown, JSON).
 //!
-//! [`trace::trace`] strings them together; the CLI ([`cli`]) only builds a [`config::TraceConfig`].
+//! [`trace::trace`] runs stages 1 to 3 and hands over to [`finish`]; the CLI ([`cli`]) only
+//! builds a [`config::TraceConfig`].
 
 pub mod btf;
 pub mod callsites;
@@ -22,10 +24,12 @@ pub mod collect;
 pub mod config;
 pub mod cpustat;
 pub mod error;
+pub mod finish;
 pub mod funcs;
 pub mod gpu;
 pub mod latency;
 pub mod launch;
+pub mod memory;
 pub mod nvml;
 pub mod output;
 pub mod privileges;

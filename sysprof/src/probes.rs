@@ -3,6 +3,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
+    num::NonZeroU32,
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
@@ -14,13 +15,14 @@ use aya::{
     programs::{
         BtfTracePoint, PerfEvent, ProgramError, RawTracePoint, UProbe,
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
 use serde::Serialize;
 use sysprof_common::{
-    CallKey, CallStats, Config, Counter, LatencyHistogram, OffCpuKey, OffCpuValue, SampleKey,
-    SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, ThreadSched, names,
+    AddressSpace, AllocKey, AllocStats, CallKey, CallStats, Config, Counter, FaultKey, LatencyHistogram,
+    LiveAlloc, LiveKey, OffCpuKey, OffCpuValue, ProcessAllocs, SampleKey, SyscallErrorKey, SyscallKey,
+    SyscallSlot, SyscallStats, ThreadSched, names,
 };
 
 use crate::{config::SampleEvent, error::Error};
@@ -97,6 +99,49 @@ pub struct SchedDump {
     pub stacks: HashMap<u32, Vec<u64>>,
 }
 
+/// Memory statistics as the kernel aggregated them, with the stacks they reference.
+#[derive(Debug, Default)]
+pub struct MemoryDump {
+    pub address_space: Vec<(u32, AddressSpace)>,
+    /// (tgid, major) -> page faults, exact.
+    pub faults: HashMap<(u32, bool), u64>,
+    /// Sampled fault stacks, weighted to stand for every fault.
+    pub fault_stacks: Vec<(FaultKey, u64)>,
+    /// Heap (`--malloc`): allocations by call site, per-process totals, blocks still live.
+    pub alloc_sites: Vec<(AllocKey, AllocStats)>,
+    pub heaps: Vec<(u32, ProcessAllocs)>,
+    pub live: Vec<(LiveKey, LiveAlloc)>,
+    /// Stack id -> instruction pointers, innermost first.
+    pub stacks: HashMap<u32, Vec<u64>>,
+}
+
+/// How big the maps that depend on the run's options are.
+#[derive(Clone, Copy, Debug)]
+pub struct MapSizes {
+    /// Entries of the stack map.
+    pub stacks: u32,
+    /// Heap blocks tracked at once (LRU); 1 when the heap is not traced, as the map is
+    /// preallocated.
+    pub live_allocations: u32,
+}
+
+/// A detach under way (see [`Probes::detach`]).
+pub struct Detaching(std::thread::JoinHandle<DetachReport>);
+
+impl Detaching {
+    /// Waits for the detach to finish, and its proof.
+    pub fn wait(self) -> DetachReport {
+        self.0.join().unwrap_or(DetachReport { programs: 0, still_loaded: vec![u32::MAX] })
+    }
+}
+
+/// One uprobe link: its program, and the process it was attached for (`None`: every process).
+struct UprobeLinkRecord {
+    pid: Option<u32>,
+    program: String,
+    id: UProbeLinkId,
+}
+
 /// The loaded BPF object and everything attached from it.
 pub struct Probes {
     ebpf: Ebpf,
@@ -107,22 +152,35 @@ pub struct Probes {
     stats: Option<OwnedFd>,
     /// Whether the kernel ever accepted to keep them.
     stats_available: bool,
+    /// Every uprobe link, to detach those of a process that exits.
+    uprobe_links: Vec<UprobeLinkRecord>,
+    /// Links being closed in the background (their process exited).
+    closing: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Probes {
-    /// Loads the object with `config` baked into its read-only data and room for
-    /// `stack_entries` stacks. No program runs yet.
-    pub fn load(config: &Config, stack_entries: u32) -> anyhow::Result<Self> {
+    /// Loads the object with `config` baked into its read-only data and its maps sized. No
+    /// program runs yet.
+    pub fn load(config: &Config, sizes: MapSizes) -> anyhow::Result<Self> {
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
-            .map_max_entries(names::STACKS, stack_entries)
+            .map_max_entries(names::STACKS, sizes.stacks)
+            .map_max_entries(names::LIVE_ALLOCS, sizes.live_allocations.max(1))
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.
             .allow_unsupported_maps()
             .load(BPF_OBJECT)
             .context("loading sysprof's BPF object")?;
-        Ok(Probes { ebpf, btf: None, attached: Vec::new(), stats_available: stats.is_some(), stats })
+        Ok(Probes {
+            ebpf,
+            btf: None,
+            attached: Vec::new(),
+            stats_available: stats.is_some(),
+            stats,
+            uprobe_links: Vec::new(),
+            closing: Vec::new(),
+        })
     }
 
     /// Adds a process to the in-kernel target set.
@@ -154,9 +212,7 @@ impl Probes {
     /// Attaches on-CPU sampling to every online CPU at `frequency_hz`.
     pub fn attach_cpu_sampling(&mut self, event: SampleEvent, frequency_hz: u64) -> anyhow::Result<()> {
         const PROGRAM: &str = "cpu_sample";
-        let cpus = aya::util::online_cpus()
-            .map_err(|(what, error)| anyhow!("{what}: {error}"))
-            .context("listing online CPUs")?;
+        let cpus = online_cpus()?;
         let program: &mut PerfEvent = program_mut(&mut self.ebpf, PROGRAM)?.try_into()?;
         program.load().map_err(|e| rejected(PROGRAM, e))?;
         let perf_config = match event {
@@ -171,7 +227,7 @@ impl Probes {
                     SamplePolicy::Frequency(frequency_hz),
                     false,
                 )
-                .map_err(|e| perf_event_error(event, e))?;
+                .map_err(|e| perf_event_error(&event.to_string(), e))?;
         }
         let program_id = program.info()?.id();
         self.attached.push(AttachedProbe {
@@ -181,6 +237,38 @@ impl Probes {
             links: cpus.len() as u32,
             program_id,
         });
+        Ok(())
+    }
+
+    /// Attaches the page-fault programs: the kernel's minor and major fault software events,
+    /// every fault, on every online CPU (the programs keep the target's).
+    pub fn attach_page_faults(&mut self) -> anyhow::Result<()> {
+        let cpus = online_cpus()?;
+        for (name, event, what) in [
+            ("fault_minor", SoftwareEvent::PageFaultsMin, "page-faults-minor"),
+            ("fault_major", SoftwareEvent::PageFaultsMaj, "page-faults-major"),
+        ] {
+            let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
+            program.load().map_err(|e| rejected(name, e))?;
+            for &cpu in &cpus {
+                program
+                    .attach(
+                        PerfEventConfig::Software(event),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Period(1),
+                        false,
+                    )
+                    .map_err(|e| fault_event_error(what, e))?;
+            }
+            let program_id = program.info()?.id();
+            self.attached.push(AttachedProbe {
+                program: name.into(),
+                kind: "perf_event".into(),
+                attached_to: format!("software event {what}, every fault, on CPUs {}", cpu_ranges(&cpus)),
+                links: cpus.len() as u32,
+                program_id,
+            });
+        }
         Ok(())
     }
 
@@ -254,7 +342,25 @@ impl Probes {
     /// every process (the programs filter targets in the kernel, children included). The return
     /// probe goes first: a call caught entering but not returning would look open forever.
     pub fn attach_call(&mut self, path: &std::path::Path, offset: u64, cookie: u64) -> anyhow::Result<()> {
-        for name in ["call_return", "call_enter"] {
+        self.attach_uprobes(&["call_return", "call_enter"], path, offset, cookie, None)
+    }
+
+    /// Attaches uprobe programs, in order, at `offset` in `path` with `cookie`: for every
+    /// process (the programs filter targets in the kernel), or for process `pid` only, whose
+    /// memory alone then gets the breakpoints (see `detach_process_uprobes`).
+    pub fn attach_uprobes(
+        &mut self,
+        programs: &[&str],
+        path: &std::path::Path,
+        offset: u64,
+        cookie: u64,
+        pid: Option<u32>,
+    ) -> anyhow::Result<()> {
+        let scope = match pid.and_then(NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        for &name in programs {
             let program: &mut UProbe = program_mut(&mut self.ebpf, name)?.try_into()?;
             if program.fd().is_err() {
                 program.load().map_err(|e| rejected(name, e))?;
@@ -263,16 +369,50 @@ impl Probes {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie: Some(cookie),
             };
-            program
-                .attach(point, path, UProbeScope::AllProcesses)
+            let link = program
+                .attach(point, path, scope)
                 .with_context(|| format!("attaching {name} at {offset:#x} in {}", path.display()))?;
+            self.uprobe_links.push(UprobeLinkRecord { pid, program: name.to_string(), id: link });
         }
         Ok(())
     }
 
+    /// Detaches, in the background, the uprobes attached for process `pid` only (it exited).
+    pub fn detach_process_uprobes(&mut self, pid: u32) {
+        let (mine, others) =
+            std::mem::take(&mut self.uprobe_links).into_iter().partition(|link| link.pid == Some(pid));
+        self.uprobe_links = others;
+        let owned = self.take_uprobe_links(mine);
+        // Removing a uprobe waits for a kernel grace period (~80 ms here), one at a time: not
+        // on the collector's thread.
+        self.closing.push(std::thread::spawn(move || drop(owned)));
+    }
+
+    /// Takes the links out of their programs, to close them elsewhere.
+    fn take_uprobe_links(&mut self, links: Vec<UprobeLinkRecord>) -> Vec<UProbeLink> {
+        links
+            .into_iter()
+            .filter_map(|UprobeLinkRecord { program: name, id, .. }| {
+                let program: &mut UProbe = program_mut(&mut self.ebpf, &name).ok()?.try_into().ok()?;
+                program.take_link(id).ok()
+            })
+            .collect()
+    }
+
     /// Records, for Part B, that the call programs were attached `links` times to `what`.
     pub fn note_call_probes(&mut self, what: &str, links: u32) {
-        for (name, kind) in [("call_enter", "uprobe"), ("call_return", "uretprobe")] {
+        self.note_uprobes(&[("call_enter", "uprobe"), ("call_return", "uretprobe")], what, links);
+    }
+
+    /// Records, for Part B, that `(program, kind)` pairs were attached `links` times to `what`
+    /// (adding to an earlier note of the same attachment).
+    pub fn note_uprobes(&mut self, programs: &[(&str, &str)], what: &str, links: u32) {
+        for &(name, kind) in programs {
+            if let Some(known) = self.attached.iter_mut().find(|p| p.program == name && p.attached_to == what)
+            {
+                known.links += links;
+                continue;
+            }
             let program_id = self.ebpf.program(name).and_then(|p| p.info().ok()).map_or(0, |info| info.id());
             self.attached.push(AttachedProbe {
                 program: name.into(),
@@ -363,6 +503,41 @@ impl Probes {
         })
     }
 
+    /// Reads the memory statistics; the heap's too when `heap`.
+    pub fn memory(&self, heap: bool) -> anyhow::Result<MemoryDump> {
+        let faults = self
+            .entries::<u64, u64>(names::FAULT_COUNTS)?
+            .into_iter()
+            .map(|(key, count)| (((key >> 1) as u32, key & 1 == 1), count))
+            .collect();
+        let fault_stacks: Vec<(FaultKey, u64)> = self.entries(names::FAULT_STACKS)?;
+        let (alloc_sites, heaps, live) = if heap {
+            (
+                self.entries(names::ALLOC_STACKS)?,
+                self.entries(names::PROCESS_ALLOCS)?,
+                self.entries::<LiveKey, LiveAlloc>(names::LIVE_ALLOCS)?,
+            )
+        } else {
+            Default::default()
+        };
+        let ids: BTreeSet<u32> = fault_stacks
+            .iter()
+            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
+            .chain(alloc_sites.iter().map(|(key, _): &(AllocKey, AllocStats)| key.user_stack_id))
+            .chain(live.iter().map(|(_, block)| block.user_stack_id))
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        Ok(MemoryDump {
+            address_space: self.entries(names::ADDRESS_SPACE)?,
+            faults,
+            fault_stacks,
+            alloc_sites,
+            heaps,
+            live,
+            stacks: self.stacks(&ids)?,
+        })
+    }
+
     /// Every entry of a hash map.
     fn entries<K: Pod, V: Pod>(&self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
         let map: BpfHashMap<&MapData, K, V> = BpfHashMap::try_from(self.map(name)?)?;
@@ -420,10 +595,19 @@ impl Probes {
             .collect()
     }
 
-    /// Detaches and unloads everything, then checks with the kernel that no program remains.
-    pub fn detach(self) -> DetachReport {
+    /// Detaches and unloads everything, then checks with the kernel that no program remains;
+    /// on a thread of its own, as removing uprobes takes a kernel grace period each (about
+    /// 80 ms here, one after the other): the results are symbolized meanwhile.
+    pub fn detach(self) -> Detaching {
+        Detaching(std::thread::spawn(move || self.detach_now()))
+    }
+
+    fn detach_now(mut self) -> DetachReport {
         let ids: Vec<u32> =
             self.attached.iter().map(|probe| probe.program_id).collect::<BTreeSet<_>>().into_iter().collect();
+        for closing in self.closing.drain(..) {
+            let _ = closing.join();
+        }
         drop(self.ebpf);
         // The kernel frees programs after an RCU grace period once the last fd closes.
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -471,13 +655,34 @@ fn rejected(program: &str, error: ProgramError) -> anyhow::Error {
     Error::ProgramRejected { program: program.into(), reason, kernel }.into()
 }
 
-/// Turns perf_event_open failures into the fix a user needs.
-fn perf_event_error(event: SampleEvent, error: ProgramError) -> anyhow::Error {
-    let io_error = match &error {
-        ProgramError::SyscallError(syscall) => Some(&syscall.io_error),
+/// A page-fault event the kernel does not offer, or the usual perf_event_open failures.
+fn fault_event_error(event: &str, error: ProgramError) -> anyhow::Error {
+    match os_error(&error) {
+        Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => Error::MissingKernelFeature {
+            feature: format!("the {event} perf event"),
+            fix: "page faults are counted through it: leave memory out of --focus".into(),
+        }
+        .into(),
+        _ => perf_event_error(event, error),
+    }
+}
+
+fn os_error(error: &ProgramError) -> Option<i32> {
+    match error {
+        ProgramError::SyscallError(syscall) => syscall.io_error.raw_os_error(),
         _ => None,
-    };
-    match io_error.and_then(std::io::Error::raw_os_error) {
+    }
+}
+
+fn online_cpus() -> anyhow::Result<Vec<u32>> {
+    aya::util::online_cpus()
+        .map_err(|(what, error)| anyhow!("{what}: {error}"))
+        .context("listing online CPUs")
+}
+
+/// Turns perf_event_open failures into the fix a user needs.
+fn perf_event_error(event: &str, error: ProgramError) -> anyhow::Error {
+    match os_error(&error) {
         Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => Error::EventUnsupported {
             event: event.to_string(),
             reason: "no hardware PMU: usual in virtual machines".into(),

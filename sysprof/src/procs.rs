@@ -1,5 +1,6 @@
 //! The processes of a trace: their names, parents and memory-map snapshots, kept up to date
-//! from the kernel's process events so that processes that exit mid-trace still symbolize.
+//! from the kernel's process events so that processes that exit mid-trace still symbolize;
+//! and, when memory is traced, how much memory each uses over the run.
 
 use std::{
     collections::HashMap,
@@ -8,7 +9,10 @@ use std::{
 
 use sysprof_common::{ProcessEvent, process_event};
 
-use crate::procmaps::ProcessMaps;
+use crate::{
+    memory::usage::{MemorySample, Schedule, Series},
+    procmaps::ProcessMaps,
+};
 
 /// Re-read a new process's maps at these ages: its dynamic loader maps libraries in the first
 /// milliseconds after exec.
@@ -31,6 +35,8 @@ pub struct ProcessRecord {
     /// Started (forked or exec'd) while sysprof was tracing.
     pub started_during_trace: bool,
     pub exited: bool,
+    /// Its memory over the run (when memory is traced).
+    pub memory: Series,
     /// When its maps were last read, and how many early rescans it has had.
     last_scan: Option<Instant>,
     early_scans: usize,
@@ -43,11 +49,18 @@ pub struct ProcessTable {
     rescan_interval: Duration,
     /// Bumped whenever a process's known maps change (a library loaded).
     maps_version: u64,
+    /// When memory is read, if it is.
+    memory: Option<Schedule>,
 }
 
 impl Default for ProcessTable {
     fn default() -> Self {
-        ProcessTable { processes: HashMap::new(), rescan_interval: RESCAN_INTERVAL, maps_version: 0 }
+        ProcessTable {
+            processes: HashMap::new(),
+            rescan_interval: RESCAN_INTERVAL,
+            maps_version: 0,
+            memory: None,
+        }
     }
 }
 
@@ -61,13 +74,38 @@ impl ProcessTable {
         self.rescan_interval = interval;
     }
 
-    /// Records a process that was running when the trace started, reading its maps now.
+    /// Reads every live process's memory this often (see [`Schedule`]).
+    pub fn sample_memory_every(&mut self, interval: Duration) {
+        self.memory = Some(Schedule::new(interval));
+    }
+
+    /// The base interval of the memory reads, when memory is read.
+    pub fn memory_interval(&self) -> Option<Duration> {
+        self.memory.as_ref().map(Schedule::interval)
+    }
+
+    /// Reads the memory of live processes when due.
+    pub fn sample_memory_due(&mut self) {
+        let live = self.processes.values().filter(|p| !p.exited).count();
+        let Some(t_ms) = self.memory.as_mut().and_then(|schedule| schedule.due(live)) else { return };
+        for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
+            if let Some(sample) = MemorySample::read(pid, t_ms) {
+                record.memory.push(sample);
+            }
+        }
+    }
+
+    /// Records a process that was running when the trace started, reading its maps (and its
+    /// memory) now.
     pub fn observe_existing(&mut self, pid: u32) {
         let record = self.processes.entry(pid).or_default();
         if record.name.is_empty() {
             record.name = read_comm(pid).unwrap_or_default();
         }
         self.maps_version += u64::from(scan(pid, record, Instant::now()));
+        if record.memory.is_empty() {
+            read_memory(self.memory.as_ref(), pid, record);
+        }
     }
 
     /// Applies one event from the kernel.
@@ -85,6 +123,7 @@ impl ProcessTable {
                 record.maps = inherited;
                 record.early_scans = 0;
                 self.maps_version += u64::from(scan(event.pid, record, now));
+                read_memory(self.memory.as_ref(), event.pid, record);
             }
             process_event::EXEC => {
                 let record = self.processes.entry(event.pid).or_default();
@@ -99,6 +138,8 @@ impl ProcessTable {
                 if record.name.is_empty() {
                     record.name = comm;
                 }
+                // Its last memory reading (its peak RSS, mostly), if the status still has it.
+                read_memory(self.memory.as_ref(), event.pid, record);
                 // Usually too late (the address space is gone), but costs nothing to try.
                 self.maps_version += u64::from(scan(event.pid, record, now));
                 record.exited = true;
@@ -132,9 +173,14 @@ impl ProcessTable {
         }
     }
 
-    /// A last read of every live process's maps, at the end of the trace.
+    /// A last read of every live process's maps (and memory), at the end of the trace.
     pub fn final_scan(&mut self) {
         let now = Instant::now();
+        if let Some(schedule) = &mut self.memory {
+            // Forced: the end of the run is a sample whatever the interval.
+            *schedule = schedule.restarted_for_final_read();
+        }
+        self.sample_memory_due();
         for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
             self.maps_version += u64::from(scan(pid, record, now));
         }
@@ -186,6 +232,13 @@ fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
             }
         },
         _ => false,
+    }
+}
+
+/// Reads the memory of `pid` now, when memory is traced.
+fn read_memory(schedule: Option<&Schedule>, pid: u32, record: &mut ProcessRecord) {
+    if let Some(sample) = schedule.and_then(|schedule| MemorySample::read(pid, schedule.elapsed_ms())) {
+        record.memory.push(sample);
     }
 }
 

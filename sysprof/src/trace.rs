@@ -2,37 +2,27 @@
 //! symbolize -> write. Whatever ends the trace (duration, Ctrl-C, SIGTERM, the command's or the
 //! targets' exit), the probes are detached and everything collected is written.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    path::PathBuf,
-    time::{Duration, SystemTime},
-};
+use std::{path::PathBuf, time::SystemTime};
 
 use anyhow::Context as _;
-use sysprof_common::{CallKey, CallStats, Config, Counter, filter};
+use sysprof_common::{Config, capacity, filter};
 
 use crate::{
     btf::{self, TaskOffsets},
-    callsites::CallNames,
     collect::{self, CallTracing, EndReason, Signals, StatusLine, StopPlan},
     config::{Family, Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
+    finish::{Finish, Window},
     funcs::FuncTracer,
-    gpu::{self, GpuTracer},
-    launch::{self, GatedChild},
+    gpu::GpuTracer,
+    launch::GatedChild,
+    memory::{self, heap::HeapTracer},
     nvml,
-    output::{Artifact, OutputDir, thousands},
+    output::OutputDir,
     privileges,
-    probes::{
-        AttachedProbe, Counters, CpuSamples, DetachReport, Probes, ProgramCost, SchedDump, SyscallDump,
-    },
+    probes::{MapSizes, Probes},
     procs::{self, ProcessTable},
-    profile::{self, ResolvedStacks, StackProfile},
-    report::{self, Instrumentation, Lost, Report, RunSummary},
-    sched, selfcost,
-    symbolize::Symbolizer,
-    syscalls,
     target::{self, ResolvedTarget},
     uprobes::calibrate,
 };
@@ -49,8 +39,6 @@ pub struct TraceOutcome {
     pub lost: u64,
 }
 
-/// Number of hotspot rows in the report.
-const HOTSPOTS: usize = 25;
 /// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled, and the
 /// sampling ratio then.
 const SYSCALL_BURST: u32 = 32;
@@ -107,7 +95,7 @@ async fn preflight_and_run(config: TraceConfig, signals: Signals) -> anyhow::Res
 fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Config {
     let offsets = offsets.unwrap_or_default();
     let (cgroup_id, cgroup_level) = resolved.cgroup.unwrap_or((0, 0));
-    Config {
+    let mut kernel = Config {
         filter: resolved.filter,
         cgroup_level,
         cgroup_id,
@@ -118,8 +106,18 @@ fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Optio
         sched_stats: u32::from(config.wants(Family::Sched)),
         syscall_burst: if config.time_every_syscall { 0 } else { SYSCALL_BURST },
         syscall_sample_every: SYSCALL_SAMPLE_EVERY,
+        address_space: 0,
+        nr_mmap: u32::MAX,
+        nr_munmap: u32::MAX,
+        nr_brk: u32::MAX,
+        nr_mremap: u32::MAX,
+        fault_stack_every: memory::FAULT_STACK_EVERY,
         _pad: 0,
+    };
+    if config.wants(Family::Memory) {
+        memory::configure_kernel(&mut kernel);
     }
+    kernel
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
@@ -140,12 +138,18 @@ async fn run(
     let started_at = SystemTime::now();
 
     // Load/attach.
-    let mut probes = Probes::load(&bpf_config, config.stack_storage_size)?;
+    let heap = config.malloc && config.wants(Family::Memory);
+    let sizes = MapSizes {
+        stacks: config.stack_storage_size,
+        live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
+    };
+    let mut probes = Probes::load(&bpf_config, sizes)?;
     let mut calls = CallTracing {
         gpu: config
             .wants(Family::Gpu)
             .then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
         funcs: FuncTracer::new(config.functions.clone()),
+        heap: heap.then(|| HeapTracer::new(resolved.filter == filter::ALL)),
         events: None,
         seen_maps: 0,
     };
@@ -158,6 +162,14 @@ async fn run(
             Err(error) => {
                 limitations.push(format!("the cost of a probe hit could not be measured: {error:#}"))
             }
+        }
+    }
+    let mut heap_probe_cost_ns = None;
+    if heap {
+        match memory::heap::measure_probe_cost(&mut probes) {
+            Ok(ns) => heap_probe_cost_ns = Some(ns),
+            Err(error) => limitations
+                .push(format!("the cost of an allocator probe hit could not be measured: {error:#}")),
         }
     }
     if resolved.filter == filter::TARGETS {
@@ -177,15 +189,20 @@ async fn run(
     if config.wants(Family::Cpu) {
         probes.attach_cpu_sampling(config.event, config.frequency_hz)?;
     }
-    // The switch program serves both: scheduler statistics, and parking syscalls in flight.
-    if config.wants(Family::Sched) || config.wants(Family::Syscalls) {
+    // The syscall programs also read the address-space calls' arguments for memory; the
+    // switch program serves scheduler statistics and parks syscalls in flight.
+    let syscall_programs = config.wants(Family::Syscalls) || config.wants(Family::Memory);
+    if config.wants(Family::Sched) || syscall_programs {
         probes.attach_sched_switch()?;
     }
     if config.wants(Family::Sched) {
         probes.attach_sched_wakeup()?;
     }
-    if config.wants(Family::Syscalls) {
+    if syscall_programs {
         probes.attach_syscalls()?;
+    }
+    if config.wants(Family::Memory) {
+        probes.attach_page_faults()?;
     }
     probes.attach_process_tracking()?;
     let events = probes.take_process_events()?;
@@ -195,8 +212,11 @@ async fn run(
     }
 
     let mut processes = ProcessTable::new();
-    if calls.events.is_some() {
+    if calls.events.is_some() || calls.heap.is_some() {
         processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
+    }
+    if config.wants(Family::Memory) {
+        processes.sample_memory_every(config.memory_interval);
     }
     for &pid in &resolved.pids {
         processes.observe_existing(pid);
@@ -206,6 +226,12 @@ async fn run(
         if let Some(gated) = &gated {
             gpu.attach_needed(&mut probes, gated.program());
         }
+    }
+    if let Some(heap) = &mut calls.heap {
+        if let Some(gated) = &gated {
+            heap.attach_needed(&mut probes, gated.pid(), gated.program());
+        }
+        heap.attach_new(&mut probes, &processes);
     }
     if let Some(gated) = &gated {
         calls.funcs.attach_for_program(&mut probes, gated.program());
@@ -298,319 +324,19 @@ async fn run(
         machine_busy_share,
         stats_coverage,
     };
-    let finish =
-        Finish { config, probes, processes, output, limitations, window, calls, probe_cost_ns, nvml_samples };
-    tokio::task::spawn_blocking(move || finish.run()).await.context("writing the results")?
-}
-
-/// When and how the trace ran.
-struct Window {
-    started_at: SystemTime,
-    elapsed: Duration,
-    /// CLOCK_MONOTONIC at the end, for threads still on a CPU then.
-    end_ns: u64,
-    ended_by: EndReason,
-    is_command: bool,
-    machine_busy_share: Option<f64>,
-    /// Share of the run the kernel's BPF statistics were on.
-    stats_coverage: f64,
-}
-
-/// Everything read out of the kernel before detaching.
-struct KernelData {
-    counters: Counters,
-    cpu: CpuSamples,
-    sched: Option<SchedDump>,
-    syscalls: Option<SyscallDump>,
-    /// Probed calls (GPU APIs, --func) and the stacks they and the GPU state refer to.
-    calls: Vec<(CallKey, CallStats)>,
-    call_stacks: HashMap<u32, Vec<u64>>,
-    costs: Vec<ProgramCost>,
-    stats_available: bool,
-    attached: Vec<AttachedProbe>,
-    detach: DetachReport,
-}
-
-/// The stages after collection: read out, detach, aggregate, symbolize, write.
-struct Finish {
-    config: TraceConfig,
-    probes: Probes,
-    processes: ProcessTable,
-    output: OutputDir,
-    limitations: Vec<String>,
-    window: Window,
-    calls: CallTracing,
-    /// Measured cost of one probed call, when calls were probed.
-    probe_cost_ns: Option<f64>,
-    /// NVML polls and the topology, when NVML was there.
-    nvml_samples: Option<(Vec<nvml::Sample>, nvml::topology::Topology)>,
-}
-
-impl Finish {
-    fn run(self) -> anyhow::Result<TraceOutcome> {
-        let Finish {
-            config,
-            probes,
-            mut processes,
-            output,
-            mut limitations,
-            window,
-            calls,
-            probe_cost_ns,
-            nvml_samples,
-        } = self;
-        let kernel = read_out(&config, probes, &calls)?;
-        processes.final_scan();
-
-        // Aggregate and symbolize.
-        let mut symbolizer = Symbolizer::new();
-        let cpu = profile::cpu_profile(&kernel.cpu, &mut processes, &mut symbolizer);
-        let offcpu = kernel.sched.as_ref().map(|dump| offcpu_profile(dump, &mut processes, &mut symbolizer));
-        let names = CallNames::new(
-            &kernel.calls,
-            calls.gpu.as_ref().map(|gpu| &gpu.state),
-            &kernel.call_stacks,
-            &mut processes,
-            &mut symbolizer,
-        );
-        let wall_s = window.elapsed.as_secs_f64();
-        let gpu = calls.gpu.as_ref().map(|tracer| {
-            let gpu_calls: Vec<_> = kernel
-                .calls
-                .iter()
-                .filter(|(key, _)| gpu::functions::by_id(key.func).is_some())
-                .copied()
-                .collect();
-            gpu::report::build(
-                tracer.libraries.clone(),
-                &tracer.state,
-                &gpu_calls,
-                &names,
-                wall_s,
-                probe_cost_ns,
-            )
-        });
-        if let Some(tracer) = &calls.gpu {
-            limitations.extend(tracer.problems.iter().cloned());
-            if tracer.libraries.is_empty() {
-                let line =
-                    "no CUDA runtime, driver or NCCL library was mapped by the target: no GPU calls traced";
-                if !config.quiet {
-                    eprintln!("sysprof: {line}");
-                }
-                limitations.push(line.to_string());
-            }
-        }
-        limitations.extend(calls.funcs.problems.iter().cloned());
-        limitations.extend(calls.funcs.unresolved());
-        let functions = calls.funcs.rows(&kernel.calls, &names);
-
-        // Write.
-        let mut files = Vec::new();
-        if config.wants(Family::Cpu) {
-            let title = format!("sysprof on-CPU: {}", config.target);
-            files.extend(output.write(&Artifact::Stacks { name: "cpu", title: &title, profile: &cpu })?);
-        }
-        if let Some(offcpu) = &offcpu {
-            let title = format!("sysprof off-CPU (microseconds blocked): {}", config.target);
-            files.extend(output.write(&Artifact::Stacks {
-                name: "offcpu",
-                title: &title,
-                profile: offcpu,
-            })?);
-        }
-        files.extend(["report.md".to_string(), "report.json".to_string()]);
-
-        let lost = lost(&kernel.counters);
-        if lost.total() > 0 {
-            limitations.push(format!(
-                "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
-                thousands(lost.total())
-            ));
-        }
-        let (command_status, exit_code) = match &window.ended_by {
-            EndReason::CommandExited(status) => {
-                let (text, code) = launch::describe_exit(*status);
-                (Some(text), code)
-            }
-            _ if window.is_command => (Some("still running when the trace ended".to_string()), 0),
-            _ => (None, 0),
-        };
-        let cpus = aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1);
-        let sched =
-            kernel.sched.as_ref().zip(offcpu.as_ref()).map(|(dump, offcpu)| {
-                sched::analyze(dump, offcpu, &processes, window.elapsed, window.end_ns)
-            });
-        let syscalls =
-            kernel.syscalls.as_ref().map(|dump| syscalls::analyze(dump, &processes, window.elapsed));
-        let hotspots = report::hotspots(&cpu, HOTSPOTS);
-        let mut recommendations = report::cpu_recommendations(&cpu, &hotspots);
-        if let Some(sched) = &sched {
-            recommendations.extend(report::sched_recommendations(sched, cpus));
-        }
-        if let Some(syscalls) = &syscalls {
-            recommendations.extend(report::syscall_recommendations(syscalls));
-        }
-        if let Some(gpu) = &gpu {
-            recommendations.extend(gpu::report::recommendations(gpu, wall_s));
-        }
-        let gpu_metrics = nvml_samples.map(|(samples, topology)| {
-            let targets: BTreeSet<u32> = processes.iter().map(|(pid, _)| pid).collect();
-            nvml::report::build(
-                samples,
-                topology,
-                config.gpu_interval.as_millis() as u64,
-                gpu.as_ref(),
-                &targets,
-            )
-        });
-        if let Some(metrics) = &gpu_metrics {
-            recommendations.extend(nvml::report::recommendations(metrics, gpu.as_ref()));
-        }
-        recommendations.sort_by(|a, b| b.impact.total_cmp(&a.impact));
-        let report = Report {
-            sysprof_version: env!("CARGO_PKG_VERSION").into(),
-            run: RunSummary {
-                target: config.target.to_string(),
-                command: match &config.target {
-                    Target::Command(argv) => {
-                        Some(argv.iter().map(|a| a.to_string_lossy().into_owned()).collect())
-                    }
-                    _ => None,
-                },
-                started_at: humantime::format_rfc3339_seconds(window.started_at).to_string(),
-                duration_s: window.elapsed.as_secs_f64(),
-                ended_by: window.ended_by.describe(),
-                command_status,
-                event: config.event,
-                frequency_hz: config.frequency_hz,
-                cpus,
-                machine_busy_share: window.machine_busy_share,
-                samples: kernel.counters.get(Counter::CpuSamples),
-                lost: lost.clone(),
-                outputs: files.clone(),
-            },
-            processes: report::process_shares(&cpu),
-            hotspots,
-            sched,
-            syscalls,
-            gpu,
-            gpu_metrics,
-            functions,
-            recommendations,
-            overhead: selfcost::overhead(
-                kernel.costs,
-                kernel.stats_available,
-                window.stats_coverage,
-                window.elapsed,
-                cpus,
-            ),
-            limitations,
-            instrumentation: Instrumentation {
-                files_modified: Vec::new(),
-                probes: kernel.attached,
-                detach: kernel.detach,
-            },
-        };
-        output.write(&Artifact::Report(&report))?;
-
-        if !config.quiet {
-            print_summary(&output, &files, &report, &cpu);
-        }
-        Ok(TraceOutcome {
-            exit_code,
-            output_dir: output.path().to_path_buf(),
-            files,
-            samples: report.run.samples,
-            lost: lost.total(),
-        })
-    }
-}
-
-/// Reads every map the run filled, then detaches everything: the probes go before the slow
-/// stages (symbolization), and the detach is verified.
-fn read_out(config: &TraceConfig, probes: Probes, tracing: &CallTracing) -> anyhow::Result<KernelData> {
-    let counters = probes.counters()?;
-    let cpu = probes.cpu_samples()?;
-    let sched = config.wants(Family::Sched).then(|| probes.sched()).transpose()?;
-    let syscalls = config.wants(Family::Syscalls).then(|| probes.syscalls()).transpose()?;
-    let probed = tracing.gpu.is_some() || !tracing.funcs.is_empty();
-    let calls = if probed { probes.calls()? } else { Vec::new() };
-    let mut stack_ids: BTreeSet<u32> =
-        calls.iter().filter_map(|(key, _)| u32::try_from(key.user_stack_id).ok()).collect();
-    if let Some(gpu) = &tracing.gpu {
-        stack_ids.extend(gpu.state.live().filter_map(|(_, a)| u32::try_from(a.user_stack_id).ok()));
-        stack_ids.extend(gpu.state.h2d.iter().filter_map(|c| u32::try_from(c.user_stack_id).ok()));
-    }
-    let call_stacks = probes.stacks(&stack_ids)?;
-    let costs = probes.costs();
-    let stats_available = probes.stats_available();
-    let attached = probes.attached().to_vec();
-    let detach = probes.detach();
-    Ok(KernelData {
-        counters,
-        cpu,
-        sched,
-        syscalls,
+    let finish = Finish {
+        config,
+        probes,
+        processes,
+        output,
+        limitations,
+        window,
         calls,
-        call_stacks,
-        costs,
-        stats_available,
-        attached,
-        detach,
-    })
-}
-
-/// Off-CPU time by stack, weighted in microseconds, with why the thread was off CPU as the
-/// first frame under the process.
-fn offcpu_profile(
-    dump: &SchedDump,
-    processes: &mut ProcessTable,
-    symbolizer: &mut Symbolizer,
-) -> StackProfile {
-    let samples = sched::offcpu_samples(dump);
-    let resolved = ResolvedStacks::resolve(&samples, &dump.stacks, processes, symbolizer);
-    profile::build(&samples, &resolved, processes, "us", |sample, kernel| {
-        Some(format!("[{}]", sched::offcpu_reason(sample.tag, kernel)))
-    })
-}
-
-fn lost(counters: &Counters) -> Lost {
-    Lost {
-        samples: counters.get(Counter::CpuSamplesLost),
-        user_stacks: counters.get(Counter::UserStacksLost),
-        kernel_stacks: counters.get(Counter::KernelStacksLost),
-        process_events: counters.get(Counter::ProcessEventsLost),
-        processes_not_followed: counters.get(Counter::TargetsFull),
-        syscalls: counters.get(Counter::SyscallsLost),
-        sched_events: counters.get(Counter::SchedLost),
-        offcpu_intervals: counters.get(Counter::OffCpuLost),
-        calls: counters.get(Counter::CallsLost),
-        call_events: counters.get(Counter::CallEventsLost),
-    }
-}
-
-fn print_summary(output: &OutputDir, files: &[String], report: &Report, cpu: &StackProfile) {
-    let dir = output.path().display();
-    if let Some(status) = &report.run.command_status {
-        eprintln!("sysprof: command: {status}");
-    }
-    let paths: Vec<String> = files.iter().map(|f| format!("{dir}/{f}")).collect();
-    eprintln!(
-        "Wrote {} ({} samples, {} lost).",
-        paths.join(", "),
-        thousands(report.run.samples),
-        thousands(report.run.lost.total())
-    );
-    if cpu.total() > 0 {
-        eprintln!(
-            "Open {dir}/cpu.svg in a browser; read {dir}/report.md for the hotspots and what to change first."
-        );
-    } else {
-        eprintln!(
-            "No on-CPU samples of the target: it did not run on a CPU while traced. See {dir}/report.md."
-        );
-    }
+        probe_cost_ns,
+        heap_probe_cost_ns,
+        nvml_samples,
+    };
+    tokio::task::spawn_blocking(move || finish.run()).await.context("writing the results")?
 }
 
 fn all_pids() -> Vec<u32> {

@@ -214,7 +214,7 @@ pub fn loaded_program_names() -> Vec<String> {
 }
 
 /// sysprof's program names, as the kernel lists them.
-pub const SYSPROF_PROGRAMS: [&str; 10] = [
+pub const SYSPROF_PROGRAMS: [&str; 15] = [
     "cpu_sample",
     "process_fork",
     "process_exec",
@@ -225,6 +225,11 @@ pub const SYSPROF_PROGRAMS: [&str; 10] = [
     "syscall_exit",
     "call_enter",
     "call_return",
+    "fault_minor",
+    "fault_major",
+    "alloc_enter",
+    "alloc_return",
+    "free_enter",
 ];
 
 /// Asserts no sysprof program is loaded (after a run has exited).

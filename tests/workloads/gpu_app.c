@@ -6,6 +6,10 @@
 //   gpu_app api       one call of each kind, known sizes; prints each return code
 //   gpu_app success   allocations, pinned and pageable copies, synchronizations and all-reduces
 //                     (the test doubles' success paths)
+//   gpu_app redundant a 2 MiB pinned input copied to the device 5 times from
+//                     upload_constant_input and never freed on either side; a 1 MiB heap buffer
+//                     copied once then freed on the host; a 512 KiB heap buffer copied once and
+//                     kept (with the test doubles)
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -o gpu_app gpu_app.c -L DIR -l:libcudart.so.12 -l:libnccl.so.2
 #include <stdio.h>
@@ -82,6 +86,28 @@ __attribute__((noinline)) static void success_paths(void) {
     cudaFreeHost(pinned);
 }
 
+__attribute__((noinline)) static void upload_constant_input(void *dev, const void *host) {
+    cudaMemcpy(dev, host, 2 << 20, cudaMemcpyHostToDevice);
+}
+
+__attribute__((noinline)) static void redundant_copies(void) {
+    void *weights = NULL, *pinned = NULL, *dev_staged = NULL, *dev_kept = NULL;
+    cudaSetDevice(0);
+    REPORT("cudaMalloc", cudaMalloc(&weights, 2 << 20));
+    REPORT("cudaMallocHost", cudaMallocHost(&pinned, 2 << 20));
+    memset(pinned, 1, 2 << 20);
+    for (int i = 0; i < 5; i++) upload_constant_input(weights, pinned);
+    char *staging = malloc(1 << 20);
+    memset(staging, 2, 1 << 20);
+    REPORT("cudaMalloc", cudaMalloc(&dev_staged, 1 << 20));
+    cudaMemcpy(dev_staged, staging, 1 << 20, cudaMemcpyHostToDevice);
+    free(staging);
+    char *kept = malloc(512 << 10);
+    memset(kept, 3, 512 << 10);
+    REPORT("cudaMalloc", cudaMalloc(&dev_kept, 512 << 10));
+    cudaMemcpy(dev_kept, kept, 512 << 10, cudaMemcpyHostToDevice);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "api") == 0) {
         api_calls();
@@ -91,6 +117,10 @@ int main(int argc, char **argv) {
         success_paths();
         return 0;
     }
-    fprintf(stderr, "usage: gpu_app api|success\n");
+    if (argc >= 2 && strcmp(argv[1], "redundant") == 0) {
+        redundant_copies();
+        return 0;
+    }
+    fprintf(stderr, "usage: gpu_app api|success|redundant\n");
     return 2;
 }

@@ -37,6 +37,13 @@ enum Bench {
     /// A function called in a loop: ns added per call by a sysprof probe (`--func`, the
     /// machinery of the CUDA/NCCL probes) and by bpftrace uprobe+uretprobe
     Uprobe,
+    /// A malloc/free loop: ns added per pair by sysprof's heap probes (`--malloc`), by its memory
+    /// family without them, and by bpftrace doing the same job (uprobe+uretprobe on malloc, size
+    /// by stack, live blocks, uprobe on free)
+    Malloc,
+    /// Fresh pages touched one by one: ns added per page fault by sysprof's fault counting
+    /// (exact counts, 1 stack in 8) and by bpftrace counting faults by user stack
+    Faults,
     /// All of the above
     All,
 }
@@ -93,6 +100,12 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     if all || args.bench == Bench::Uprobe {
         runner.uprobe()?;
+    }
+    if all || args.bench == Bench::Malloc {
+        runner.malloc()?;
+    }
+    if all || args.bench == Bench::Faults {
+        runner.faults()?;
     }
     Ok(())
 }
@@ -208,6 +221,50 @@ impl Runner<'_> {
         Ok(())
     }
 
+    fn malloc(&self) -> anyhow::Result<()> {
+        let memload = build_workload(self.root, self.out, "memload")?;
+        let workload = vec![memload.display().to_string(), "mallocs".into(), "200000".into()];
+        let libc = own_libc().context("finding libc.so.6 in xtask's own memory map")?;
+        let mut configs = vec![
+            Config { name: "bare".into(), argv: workload.clone() },
+            self.sysprof_config("sysprof --focus memory", &["--focus", "memory"], &workload),
+            self.sysprof_config("sysprof --malloc", &["--focus", "memory", "--malloc"], &workload),
+        ];
+        let script = format!(
+            "uprobe:{libc}:malloc /pid == cpid/ {{ @size[tid] = arg0; }}\n\
+             uretprobe:{libc}:malloc /@size[tid]/ {{ @bytes[ustack] = sum(@size[tid]); @live[retval] = @size[tid]; \
+             delete(@size[tid]); }}\n\
+             uprobe:{libc}:free /pid == cpid/ {{ delete(@live[arg0]); }}\n"
+        );
+        configs.extend(self.bpftrace_config(&script, &workload)?);
+        println!("\nmalloc: malloc(64)/free pairs x 200,000, {} rounds, medians", self.runs);
+        let measured = measure(&configs, self.runs, "ns_per_call")?;
+        print_added(&measured, "ns per malloc/free pair");
+        Ok(())
+    }
+
+    fn faults(&self) -> anyhow::Result<()> {
+        let memload = build_workload(self.root, self.out, "memload")?;
+        let workload = vec![memload.display().to_string(), "touch".into(), "200000".into()];
+        let mut configs = vec![
+            Config { name: "bare".into(), argv: workload.clone() },
+            self.sysprof_config("sysprof --focus memory", &["--focus", "memory"], &workload),
+        ];
+        configs.extend(
+            self.bpftrace_config(
+                "software:page-faults:1 /pid == cpid/ { @[ustack] = count(); }\n",
+                &workload,
+            )?,
+        );
+        println!(
+            "\nfaults: 200,000 fresh pages touched (one minor fault each), {} rounds, medians",
+            self.runs
+        );
+        let measured = measure(&configs, self.runs, "ns_per_call")?;
+        print_added(&measured, "ns per page fault");
+        Ok(())
+    }
+
     fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {
         let results = self.out.join(name.replace([' ', '-'], "_")).display().to_string();
         let mut argv =
@@ -242,6 +299,15 @@ impl Runner<'_> {
             ],
         }))
     }
+}
+
+/// The libc this process uses, from its memory map: the one the workloads use too.
+fn own_libc() -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| path.rsplit('/').next().is_some_and(|name| name.starts_with("libc.so")))
+        .map(String::from)
 }
 
 fn find(measured: &[Measured], name: &str) -> Option<f64> {

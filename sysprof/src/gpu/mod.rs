@@ -5,7 +5,6 @@
 //! files and filter the target in the kernel.
 
 pub mod functions;
-pub mod needed;
 pub mod report;
 pub mod state;
 
@@ -22,7 +21,7 @@ use crate::{
     probes::Probes,
     procmaps::Backing,
     procs::ProcessTable,
-    uprobes::{CallProbes, elf},
+    uprobes::{self, CallProbes, elf},
 };
 
 /// Where CUDA and NCCL usually live, searched in system-wide traces.
@@ -98,7 +97,7 @@ impl GpuTracer {
     /// Probes the GPU libraries a program will load at start, before it runs (a launched
     /// command is still at its gate).
     pub fn attach_needed(&mut self, probes: &mut Probes, program: &Path) {
-        for path in needed::needed_libraries(program) {
+        for path in uprobes::needed::needed_libraries(program) {
             if let Some(library) = library_of(&path) {
                 self.attach(probes, library, &path);
             }

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     latency::{self, Percentiles},
-    output::thousands,
+    output::{bytes, thousands},
     report::Recommendation,
 };
 
@@ -429,28 +429,4 @@ pub fn recommendations(gpu: &GpuReport, wall_s: f64) -> Vec<Recommendation> {
         });
     }
     out
-}
-
-/// "1.5 MiB".
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_counts_read_naturally() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(4096), "4.0 KiB");
-        assert_eq!(bytes(3 << 20), "3.0 MiB");
-    }
 }

@@ -349,6 +349,16 @@ impl GpuState {
         }
     }
 
+    /// The device (or managed) allocation still live that holds `addr`.
+    pub fn device_allocation(&self, tgid: u32, addr: u64) -> Option<&Allocation> {
+        self.live_containing(tgid, addr).filter(|a| matches!(a.pool, Pool::Device | Pool::Managed))
+    }
+
+    /// Whether `addr` lies in page-locked host memory not freed.
+    pub fn host_pinned_live(&self, tgid: u32, addr: u64) -> bool {
+        self.is_pinned(tgid, addr)
+    }
+
     /// Allocations never freed, for the leak table.
     pub fn live(&self) -> impl Iterator<Item = (&(u32, u64), &Allocation)> {
         self.live.iter()

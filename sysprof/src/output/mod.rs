@@ -13,7 +13,7 @@ pub use self::{
     flamegraph::Flamegraph,
     folded::Folded,
     json::JsonReport,
-    markdown::{MarkdownReport, render as render_markdown, thousands},
+    markdown::{MarkdownReport, bytes, render as render_markdown, thousands},
 };
 use crate::{error::Error, privileges::InvokingUser, profile::StackProfile, report::Report};
 

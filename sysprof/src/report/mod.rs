@@ -14,6 +14,7 @@ use crate::{
     config::SampleEvent,
     funcs::FuncRow,
     gpu::report::GpuReport,
+    memory::report::MemoryReport,
     nvml::report::GpuMetricsReport,
     probes::{AttachedProbe, DetachReport, ProgramCost},
     sched::SchedReport,
@@ -37,6 +38,9 @@ pub struct Report {
     pub gpu: Option<GpuReport>,
     /// GPU metrics and topology from NVML (None without NVML).
     pub gpu_metrics: Option<GpuMetricsReport>,
+    /// Process memory, page faults, the heap, data on both CPU and GPU (None when the memory
+    /// family was off).
+    pub memory: Option<MemoryReport>,
     /// Functions timed with --func.
     pub functions: Vec<FuncRow>,
     /// Ranked by expected impact, largest first.
@@ -94,6 +98,10 @@ pub struct Lost {
     pub calls: u64,
     /// Call events dropped (ring buffer full): their arguments are missing from the GPU tables.
     pub call_events: u64,
+    /// Page faults not counted (fault map full).
+    pub faults: u64,
+    /// Allocations not counted or not tracked (heap maps full).
+    pub allocations: u64,
 }
 
 impl Lost {
@@ -108,6 +116,8 @@ impl Lost {
             + self.offcpu_intervals
             + self.calls
             + self.call_events
+            + self.faults
+            + self.allocations
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod calibrate;
 pub mod elf;
+pub mod needed;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -119,7 +120,7 @@ impl CallProbes {
 }
 
 /// (device, inode): the identity of a file whatever path reaches it.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
+pub fn file_id(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|meta| (meta.dev(), meta.ino()))
 }
 

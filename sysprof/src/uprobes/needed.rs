@@ -1,7 +1,7 @@
 //! The shared libraries a program will load at start (its DT_NEEDED closure), resolved as the
-//! dynamic loader resolves them. A launched command's CUDA and NCCL libraries can then be
-//! probed before it runs its first instruction: a short program may make all its calls before
-//! any memory-map rescan would notice the libraries.
+//! dynamic loader resolves them. A launched command's libraries (CUDA, NCCL, its allocator, a
+//! `--func` library) can then be probed before it runs its first instruction: a short program
+//! may make all its calls before any memory-map rescan would notice the libraries.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},

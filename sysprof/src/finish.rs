@@ -1,0 +1,470 @@
+//! The stages after collection: read the kernel's maps out and detach (proving nothing is
+//! left), aggregate, symbolize, build the report model, and write every output.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    time::{Duration, SystemTime},
+};
+
+use sysprof_common::{CallKey, CallStats, Counter};
+
+use crate::{
+    callsites::CallNames,
+    collect::{CallTracing, EndReason},
+    config::{Family, Target, TraceConfig},
+    gpu::{self, report::GpuReport},
+    launch,
+    memory::{
+        self,
+        profiles::AllocSite,
+        redundancy::{self, LiveBlocks},
+        report::MemoryReport,
+    },
+    nvml::{self, report::GpuMetricsReport},
+    output::{Artifact, OutputDir, thousands},
+    probes::{
+        AttachedProbe, Counters, CpuSamples, Detaching, MemoryDump, Probes, ProgramCost, SchedDump,
+        SyscallDump,
+    },
+    procs::ProcessTable,
+    profile::{self, ResolvedStacks, StackProfile},
+    report::{self, Instrumentation, Lost, Recommendation, Report, RunSummary},
+    sched, selfcost,
+    symbolize::Symbolizer,
+    syscalls,
+    trace::TraceOutcome,
+};
+
+/// Number of hotspot rows in the report.
+const HOTSPOTS: usize = 25;
+
+/// When and how the trace ran.
+pub(crate) struct Window {
+    pub started_at: SystemTime,
+    pub elapsed: Duration,
+    /// CLOCK_MONOTONIC at the end, for threads still on a CPU then.
+    pub end_ns: u64,
+    pub ended_by: EndReason,
+    pub is_command: bool,
+    pub machine_busy_share: Option<f64>,
+    /// Share of the run the kernel's BPF statistics were on.
+    pub stats_coverage: f64,
+}
+
+/// Everything read out of the kernel before detaching.
+struct KernelData {
+    counters: Counters,
+    cpu: CpuSamples,
+    sched: Option<SchedDump>,
+    syscalls: Option<SyscallDump>,
+    memory: Option<MemoryDump>,
+    /// Probed calls (GPU APIs, --func) and the stacks they and the GPU state refer to.
+    calls: Vec<(CallKey, CallStats)>,
+    call_stacks: HashMap<u32, Vec<u64>>,
+    costs: Vec<ProgramCost>,
+    stats_available: bool,
+    attached: Vec<AttachedProbe>,
+    detach: Detaching,
+}
+
+/// The stages after collection: read out, detach, aggregate, symbolize, write.
+pub(crate) struct Finish {
+    pub config: TraceConfig,
+    pub probes: Probes,
+    pub processes: ProcessTable,
+    pub output: OutputDir,
+    pub limitations: Vec<String>,
+    pub window: Window,
+    pub calls: CallTracing,
+    /// Measured cost of one probed call, when calls were probed.
+    pub probe_cost_ns: Option<f64>,
+    /// Measured cost of one allocator call under the heap probes (`--malloc`).
+    pub heap_probe_cost_ns: Option<f64>,
+    /// NVML polls and the topology, when NVML was there.
+    pub nvml_samples: Option<(Vec<nvml::Sample>, nvml::topology::Topology)>,
+}
+
+impl Finish {
+    pub(crate) fn run(self) -> anyhow::Result<TraceOutcome> {
+        let Finish {
+            config,
+            probes,
+            mut processes,
+            output,
+            mut limitations,
+            window,
+            calls,
+            probe_cost_ns,
+            heap_probe_cost_ns,
+            nvml_samples,
+        } = self;
+        let kernel = read_out(&config, probes, &calls)?;
+        processes.final_scan();
+
+        // Aggregate and symbolize.
+        let mut symbolizer = Symbolizer::new();
+        let profiles = Profiles::build(&kernel, &mut processes, &mut symbolizer);
+        let names = CallNames::new(
+            &kernel.calls,
+            calls.gpu.as_ref().map(|gpu| &gpu.state),
+            &kernel.call_stacks,
+            &mut processes,
+            &mut symbolizer,
+        );
+        let wall_s = window.elapsed.as_secs_f64();
+        let gpu = calls.gpu.as_ref().map(|tracer| {
+            let gpu_calls: Vec<_> = kernel
+                .calls
+                .iter()
+                .filter(|(key, _)| gpu::functions::by_id(key.func).is_some())
+                .copied()
+                .collect();
+            gpu::report::build(
+                tracer.libraries.clone(),
+                &tracer.state,
+                &gpu_calls,
+                &names,
+                wall_s,
+                probe_cost_ns,
+            )
+        });
+        limitations.extend(tracer_limitations(&config, &calls));
+        let functions = calls.funcs.rows(&kernel.calls, &names);
+        let gpu_metrics = nvml_samples.map(|(samples, topology)| {
+            let targets: BTreeSet<u32> = processes.iter().map(|(pid, _)| pid).collect();
+            nvml::report::build(
+                samples,
+                topology,
+                config.gpu_interval.as_millis() as u64,
+                gpu.as_ref(),
+                &targets,
+            )
+        });
+        let memory = kernel.memory.as_ref().map(|dump| {
+            let live = calls.heap.is_some().then(|| LiveBlocks::new(&dump.live));
+            let copied_ranges = calls
+                .gpu
+                .as_ref()
+                .map(|tracer| redundancy::copied_ranges(&tracer.state, live.as_ref(), &names))
+                .unwrap_or_default();
+            memory::report::build(memory::report::Inputs {
+                processes: &processes,
+                dump,
+                fault_sites: profiles.faults.as_ref().map(memory::profiles::fault_sites).unwrap_or_default(),
+                heap: calls.heap.as_ref().map(|tracer| {
+                    (tracer.allocators.clone(), profiles.alloc_sites.clone(), heap_probe_cost_ns)
+                }),
+                gpu: calls.gpu.as_ref().map(|tracer| &tracer.state),
+                gpu_metrics: gpu_metrics.as_ref(),
+                copied_ranges,
+                wall_s,
+            })
+        });
+
+        if let Some(memory) = &memory {
+            limitations.extend(memory::report::limitations(memory, &processes));
+        }
+
+        // Write.
+        let mut files = profiles.write(&output, &config)?;
+        files.extend(["report.md".to_string(), "report.json".to_string()]);
+
+        let lost = lost(&kernel.counters);
+        if lost.total() > 0 {
+            limitations.push(format!(
+                "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
+                thousands(lost.total())
+            ));
+        }
+        let (command_status, exit_code) = match &window.ended_by {
+            EndReason::CommandExited(status) => {
+                let (text, code) = launch::describe_exit(*status);
+                (Some(text), code)
+            }
+            _ if window.is_command => (Some("still running when the trace ended".to_string()), 0),
+            _ => (None, 0),
+        };
+        let cpus = aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1);
+        let sched =
+            kernel.sched.as_ref().zip(profiles.offcpu.as_ref()).map(|(dump, offcpu)| {
+                sched::analyze(dump, offcpu, &processes, window.elapsed, window.end_ns)
+            });
+        let syscalls = kernel
+            .syscalls
+            .as_ref()
+            .filter(|_| config.wants(Family::Syscalls))
+            .map(|dump| syscalls::analyze(dump, &processes, window.elapsed));
+        let hotspots = report::hotspots(&profiles.cpu, HOTSPOTS);
+        let recommendations = Ranked {
+            cpu: &profiles.cpu,
+            hotspots: &hotspots,
+            sched: sched.as_ref(),
+            syscalls: syscalls.as_ref(),
+            gpu: gpu.as_ref(),
+            gpu_metrics: gpu_metrics.as_ref(),
+            memory: memory.as_ref(),
+            cpus,
+            wall_s,
+        }
+        .recommendations();
+        let report = Report {
+            sysprof_version: env!("CARGO_PKG_VERSION").into(),
+            run: RunSummary {
+                target: config.target.to_string(),
+                command: match &config.target {
+                    Target::Command(argv) => {
+                        Some(argv.iter().map(|a| a.to_string_lossy().into_owned()).collect())
+                    }
+                    _ => None,
+                },
+                started_at: humantime::format_rfc3339_seconds(window.started_at).to_string(),
+                duration_s: window.elapsed.as_secs_f64(),
+                ended_by: window.ended_by.describe(),
+                command_status,
+                event: config.event,
+                frequency_hz: config.frequency_hz,
+                cpus,
+                machine_busy_share: window.machine_busy_share,
+                samples: kernel.counters.get(Counter::CpuSamples),
+                lost: lost.clone(),
+                outputs: files.clone(),
+            },
+            processes: report::process_shares(&profiles.cpu),
+            hotspots,
+            sched,
+            syscalls,
+            gpu,
+            gpu_metrics,
+            memory,
+            functions,
+            recommendations,
+            overhead: selfcost::overhead(
+                kernel.costs,
+                kernel.stats_available,
+                window.stats_coverage,
+                window.elapsed,
+                cpus,
+            ),
+            limitations,
+            instrumentation: Instrumentation {
+                files_modified: Vec::new(),
+                probes: kernel.attached,
+                detach: kernel.detach.wait(),
+            },
+        };
+        output.write(&Artifact::Report(&report))?;
+
+        if !config.quiet {
+            print_summary(&output, &files, &report, &profiles.cpu);
+        }
+        Ok(TraceOutcome {
+            exit_code,
+            output_dir: output.path().to_path_buf(),
+            files,
+            samples: report.run.samples,
+            lost: lost.total(),
+        })
+    }
+}
+
+/// Every stack profile of the run, symbolized.
+struct Profiles {
+    cpu: StackProfile,
+    offcpu: Option<StackProfile>,
+    faults: Option<StackProfile>,
+    alloc: Option<StackProfile>,
+    alloc_sites: Vec<AllocSite>,
+}
+
+impl Profiles {
+    fn build(kernel: &KernelData, processes: &mut ProcessTable, symbolizer: &mut Symbolizer) -> Self {
+        let cpu = profile::cpu_profile(&kernel.cpu, processes, symbolizer);
+        let offcpu = kernel.sched.as_ref().map(|dump| offcpu_profile(dump, processes, symbolizer));
+        let faults =
+            kernel.memory.as_ref().map(|dump| memory::profiles::fault_profile(dump, processes, symbolizer));
+        let (alloc, alloc_sites) = match kernel.memory.as_ref().filter(|dump| !dump.heaps.is_empty()) {
+            Some(dump) => {
+                let (profile, sites) = memory::profiles::heap_profile(dump, processes, symbolizer);
+                (Some(profile), sites)
+            }
+            None => (None, Vec::new()),
+        };
+        Profiles { cpu, offcpu, faults, alloc, alloc_sites }
+    }
+
+    /// Writes each profile as folded stacks and a flamegraph; returns the file names.
+    fn write(&self, output: &OutputDir, config: &TraceConfig) -> anyhow::Result<Vec<String>> {
+        let target = &config.target;
+        let cpu = config.wants(Family::Cpu).then_some(&self.cpu);
+        let stacks = [
+            ("cpu", format!("sysprof on-CPU: {target}"), cpu),
+            ("offcpu", format!("sysprof off-CPU (microseconds blocked): {target}"), self.offcpu.as_ref()),
+            ("faults", format!("sysprof page faults: {target}"), self.faults.as_ref()),
+            ("alloc", format!("sysprof heap allocations (bytes): {target}"), self.alloc.as_ref()),
+        ];
+        let mut files = Vec::new();
+        for (name, title, profile) in stacks {
+            if let Some(profile) = profile {
+                files.extend(output.write(&Artifact::Stacks { name, title: &title, profile })?);
+            }
+        }
+        Ok(files)
+    }
+}
+
+/// The inputs of the recommendations, ranked together by expected impact.
+struct Ranked<'a> {
+    cpu: &'a StackProfile,
+    hotspots: &'a [report::Hotspot],
+    sched: Option<&'a sched::SchedReport>,
+    syscalls: Option<&'a syscalls::SyscallReport>,
+    gpu: Option<&'a GpuReport>,
+    gpu_metrics: Option<&'a GpuMetricsReport>,
+    memory: Option<&'a MemoryReport>,
+    cpus: u32,
+    wall_s: f64,
+}
+
+impl Ranked<'_> {
+    fn recommendations(&self) -> Vec<Recommendation> {
+        let mut out = report::cpu_recommendations(self.cpu, self.hotspots);
+        if let Some(sched) = self.sched {
+            out.extend(report::sched_recommendations(sched, self.cpus));
+        }
+        if let Some(syscalls) = self.syscalls {
+            out.extend(report::syscall_recommendations(syscalls));
+        }
+        if let Some(gpu) = self.gpu {
+            out.extend(gpu::report::recommendations(gpu, self.wall_s));
+        }
+        if let Some(metrics) = self.gpu_metrics {
+            out.extend(nvml::report::recommendations(metrics, self.gpu));
+        }
+        if let Some(memory) = self.memory {
+            let h2d_gb_s = self
+                .gpu
+                .and_then(|gpu| gpu.interconnect.iter().find(|t| t.kind == "H2D"))
+                .and_then(|t| t.bandwidth_gb_s);
+            out.extend(memory::report::recommendations(memory, h2d_gb_s, self.wall_s));
+        }
+        out.sort_by(|a, b| b.impact.total_cmp(&a.impact));
+        out
+    }
+}
+
+/// What the uprobe tracers could not do, one line each.
+fn tracer_limitations(config: &TraceConfig, calls: &CallTracing) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(tracer) = &calls.gpu {
+        lines.extend(tracer.problems.iter().cloned());
+        if tracer.libraries.is_empty() {
+            let line =
+                "no CUDA runtime, driver or NCCL library was mapped by the target: no GPU calls traced";
+            if !config.quiet {
+                eprintln!("sysprof: {line}");
+            }
+            lines.push(line.to_string());
+        }
+    }
+    if let Some(heap) = &calls.heap {
+        lines.extend(heap.problems.iter().cloned());
+        if heap.allocators.is_empty() {
+            lines.push(
+                "--malloc: no allocator (libc, jemalloc, tcmalloc, mimalloc) was mapped by the target".into(),
+            );
+        }
+    }
+    lines.extend(calls.funcs.problems.iter().cloned());
+    lines.extend(calls.funcs.unresolved());
+    lines
+}
+
+/// Reads every map the run filled, then starts detaching everything: the probes go before the
+/// slow stages (symbolization), and the detach is verified before the report is written.
+fn read_out(config: &TraceConfig, probes: Probes, tracing: &CallTracing) -> anyhow::Result<KernelData> {
+    let counters = probes.counters()?;
+    let cpu = probes.cpu_samples()?;
+    let sched = config.wants(Family::Sched).then(|| probes.sched()).transpose()?;
+    let syscalls = config.wants(Family::Syscalls).then(|| probes.syscalls()).transpose()?;
+    let memory = config.wants(Family::Memory).then(|| probes.memory(tracing.heap.is_some())).transpose()?;
+    let probed = tracing.gpu.is_some() || !tracing.funcs.is_empty();
+    let calls = if probed { probes.calls()? } else { Vec::new() };
+    let mut stack_ids: BTreeSet<u32> =
+        calls.iter().filter_map(|(key, _)| u32::try_from(key.user_stack_id).ok()).collect();
+    if let Some(gpu) = &tracing.gpu {
+        stack_ids.extend(gpu.state.live().filter_map(|(_, a)| u32::try_from(a.user_stack_id).ok()));
+        stack_ids.extend(gpu.state.h2d.iter().filter_map(|c| u32::try_from(c.user_stack_id).ok()));
+    }
+    let call_stacks = probes.stacks(&stack_ids)?;
+    let costs = probes.costs();
+    let stats_available = probes.stats_available();
+    let attached = probes.attached().to_vec();
+    let detach = probes.detach();
+    Ok(KernelData {
+        counters,
+        cpu,
+        sched,
+        syscalls,
+        memory,
+        calls,
+        call_stacks,
+        costs,
+        stats_available,
+        attached,
+        detach,
+    })
+}
+
+/// Off-CPU time by stack, weighted in microseconds, with why the thread was off CPU as the
+/// first frame under the process.
+fn offcpu_profile(
+    dump: &SchedDump,
+    processes: &mut ProcessTable,
+    symbolizer: &mut Symbolizer,
+) -> StackProfile {
+    let samples = sched::offcpu_samples(dump);
+    let resolved = ResolvedStacks::resolve(&samples, &dump.stacks, processes, symbolizer);
+    profile::build(&samples, &resolved, processes, "us", |sample, kernel| {
+        Some(format!("[{}]", sched::offcpu_reason(sample.tag, kernel)))
+    })
+}
+
+fn lost(counters: &Counters) -> Lost {
+    Lost {
+        samples: counters.get(Counter::CpuSamplesLost),
+        user_stacks: counters.get(Counter::UserStacksLost),
+        kernel_stacks: counters.get(Counter::KernelStacksLost),
+        process_events: counters.get(Counter::ProcessEventsLost),
+        processes_not_followed: counters.get(Counter::TargetsFull),
+        syscalls: counters.get(Counter::SyscallsLost),
+        sched_events: counters.get(Counter::SchedLost),
+        offcpu_intervals: counters.get(Counter::OffCpuLost),
+        calls: counters.get(Counter::CallsLost),
+        call_events: counters.get(Counter::CallEventsLost),
+        faults: counters.get(Counter::FaultsLost),
+        allocations: counters.get(Counter::AllocsLost),
+    }
+}
+
+fn print_summary(output: &OutputDir, files: &[String], report: &Report, cpu: &StackProfile) {
+    let dir = output.path().display();
+    if let Some(status) = &report.run.command_status {
+        eprintln!("sysprof: command: {status}");
+    }
+    let paths: Vec<String> = files.iter().map(|f| format!("{dir}/{f}")).collect();
+    eprintln!(
+        "Wrote {} ({} samples, {} lost).",
+        paths.join(", "),
+        thousands(report.run.samples),
+        thousands(report.run.lost.total())
+    );
+    if cpu.total() > 0 {
+        eprintln!(
+            "Open {dir}/cpu.svg in a browser; read {dir}/report.md for the hotspots and what to change first."
+        );
+    } else {
+        eprintln!(
+            "No on-CPU samples of the target: it did not run on a CPU while traced. See {dir}/report.md."
+        );
+    }
+}

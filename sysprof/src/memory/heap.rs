@@ -1,0 +1,269 @@
+//! `--malloc`: uprobes on the allocator the target uses (glibc, jemalloc, tcmalloc, mimalloc,
+//! or one linked into the executable), found in its memory maps and picked up when a process,
+//! program or library appears later. The programs (sysprof-ebpf `memory.rs`) count in the
+//! kernel.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
+use sysprof_common::alloc;
+
+use crate::{
+    probes::Probes,
+    procmaps::Backing,
+    procs::ProcessTable,
+    uprobes::{self, CallProbes, calibrate, elf, needed},
+};
+
+/// The allocating functions and what the kernel side reads of their arguments (the cookie).
+/// valloc and pvalloc are left out: obsolete and rare, and every probe costs a kernel grace
+/// period (~0.1 s) to remove at the end.
+const ALLOCATING: [(&str, u64); 6] = [
+    ("malloc", alloc::MALLOC),
+    ("calloc", alloc::CALLOC),
+    ("realloc", alloc::REALLOC),
+    ("aligned_alloc", alloc::ALIGNED),
+    ("memalign", alloc::ALIGNED),
+    ("posix_memalign", alloc::POSIX_MEMALIGN),
+];
+const FREEING: &str = "free";
+
+const ALLOC_PROGRAMS: [&str; 2] = ["alloc_return", "alloc_enter"];
+const FREE_PROGRAM: &str = "free_enter";
+
+/// Allocator libraries, by file-name prefix, and what to call them.
+const ALLOCATORS: [(&str, &str); 6] = [
+    ("libc.so", "glibc"),
+    ("libc.musl", "musl"),
+    ("libjemalloc.so", "jemalloc"),
+    ("libtcmalloc", "tcmalloc"),
+    ("libmimalloc.so", "mimalloc"),
+    ("libmimalloc-", "mimalloc"),
+];
+
+/// One allocator file with probes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProbedAllocator {
+    pub allocator: String,
+    pub path: PathBuf,
+    /// The functions probed in it.
+    pub functions: Vec<String>,
+}
+
+/// Finds the allocators the target uses and keeps them probed.
+///
+/// A uprobe puts a breakpoint in every process that maps the file, and libc is mapped by every
+/// process on the machine: attached for all processes, each malloc anywhere would trap into the
+/// kernel. So the probes are attached per target process (only its memory gets the breakpoints;
+/// they survive exec) and detached when it exits, except in system-wide traces.
+#[derive(Debug)]
+pub struct HeapTracer {
+    system_wide: bool,
+    probes: CallProbes,
+    /// Files already looked at: (pid, file identity) per target process, pid 0 system-wide.
+    /// By identity: /lib/libc.so.6 and /usr/lib/libc.so.6 are one file, probed once.
+    done: HashSet<(u32, (u64, u64))>,
+    /// Target processes with probes of their own, detached when they exit.
+    attached_pids: HashSet<u32>,
+    pub allocators: Vec<ProbedAllocator>,
+    pub problems: Vec<String>,
+}
+
+impl HeapTracer {
+    pub fn new(system_wide: bool) -> Self {
+        HeapTracer {
+            system_wide,
+            probes: CallProbes::default(),
+            done: HashSet::new(),
+            attached_pids: HashSet::new(),
+            allocators: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// Probes the allocators each live target process has mapped, where not done yet.
+    pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        let mut found: Vec<(u32, &'static str, PathBuf)> = Vec::new();
+        for (pid, record) in processes.iter().filter(|(_, record)| !record.exited) {
+            let Some(maps) = &record.maps else { continue };
+            for mapping in maps.mappings() {
+                let Backing::File { open, .. } = &mapping.backing else { continue };
+                let Some(file) = uprobes::file_id(open) else { continue };
+                if self.done.contains(&(self.scope_pid(pid), file)) {
+                    continue;
+                }
+                if let Some(allocator) = allocator_of(open) {
+                    found.push((pid, allocator, open.clone()));
+                } else if mapping.file_offset == 0
+                    && !is_shared_library(open)
+                    && self.probes.exports(open).is_ok_and(|e| e.contains_key("malloc"))
+                {
+                    // A program with its own allocator linked in (static binaries, jemalloc
+                    // built into a server).
+                    found.push((pid, LINKED_IN, open.clone()));
+                } else {
+                    // Not an allocator: never looked at again.
+                    self.done.insert((self.scope_pid(pid), file));
+                }
+            }
+        }
+        for (pid, allocator, path) in found {
+            self.attach(probes, pid, allocator, &path);
+        }
+    }
+
+    /// Probes the allocator a launched program (`pid`, still at its gate) will load, before it
+    /// runs.
+    pub fn attach_needed(&mut self, probes: &mut Probes, pid: u32, program: &Path) {
+        for path in needed::needed_libraries(program) {
+            if let Some(allocator) = allocator_of(&path) {
+                self.attach(probes, pid, allocator, &path);
+            }
+        }
+        if defines_malloc(program) {
+            self.attach(probes, pid, LINKED_IN, program);
+        }
+    }
+
+    /// Detaches the probes of target processes that exited.
+    pub fn release_exited(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        self.attached_pids.retain(|&pid| {
+            let exited = processes.get(pid).is_none_or(|record| record.exited);
+            if exited {
+                probes.detach_process_uprobes(pid);
+            }
+            !exited
+        });
+    }
+
+    /// 0 stands for every process in system-wide traces.
+    fn scope_pid(&self, pid: u32) -> u32 {
+        if self.system_wide { 0 } else { pid }
+    }
+
+    fn attach(&mut self, probes: &mut Probes, pid: u32, allocator: &'static str, path: &Path) {
+        let Some(file) = uprobes::file_id(path) else { return };
+        if !self.done.insert((self.scope_pid(pid), file)) {
+            return;
+        }
+        let owner = (!self.system_wide).then_some(pid);
+        match attach_allocator(&mut self.probes, probes, path, owner) {
+            Ok(functions) if functions.is_empty() => {}
+            Ok(functions) => {
+                let allocating = functions.iter().filter(|f| *f != FREEING).count() as u32;
+                let whom = if self.system_wide { "every process" } else { "each target process" };
+                probes.note_uprobes(
+                    &[("alloc_enter", "uprobe"), ("alloc_return", "uretprobe")],
+                    &format!(
+                        "{allocator} allocator {} ({}), in {whom}",
+                        path.display(),
+                        functions.join(", ")
+                    ),
+                    allocating,
+                );
+                if functions.iter().any(|f| f == FREEING) {
+                    probes.note_uprobes(
+                        &[(FREE_PROGRAM, "uprobe")],
+                        &format!("free in {}, in {whom}", path.display()),
+                        1,
+                    );
+                }
+                if let Some(pid) = owner {
+                    self.attached_pids.insert(pid);
+                }
+                if !self.allocators.iter().any(|a| uprobes::file_id(&a.path) == Some(file)) {
+                    self.allocators.push(ProbedAllocator {
+                        allocator: allocator.to_string(),
+                        path: path.to_path_buf(),
+                        functions,
+                    });
+                }
+            }
+            Err(error) => self.problems.push(format!("--malloc: {}: {error:#}", path.display())),
+        }
+    }
+}
+
+/// What the report calls an allocator linked into the program itself.
+const LINKED_IN: &str = "linked into the program";
+
+/// Attaches the heap programs to every allocator function `path` defines, for process `pid`
+/// (`None`: every process); returns the functions' names.
+fn attach_allocator(
+    known: &mut CallProbes,
+    probes: &mut Probes,
+    path: &Path,
+    pid: Option<u32>,
+) -> anyhow::Result<Vec<String>> {
+    let exports = known.exports(path)?.clone();
+    let mut functions = Vec::new();
+    // Aliases (memalign and aligned_alloc in some glibc versions) share an address: one probe.
+    let mut offsets: HashMap<u64, &str> = HashMap::new();
+    for (name, kind) in ALLOCATING {
+        let Some(&offset) = exports.get(name) else { continue };
+        if offsets.insert(offset, name).is_some() {
+            continue;
+        }
+        probes.attach_uprobes(&ALLOC_PROGRAMS, path, offset, kind, pid)?;
+        functions.push(name.to_string());
+    }
+    if let Some(&offset) = exports.get(FREEING) {
+        probes.attach_uprobes(&[FREE_PROGRAM], path, offset, 0, pid)?;
+        functions.push(FREEING.to_string());
+    }
+    Ok(functions)
+}
+
+/// Nanoseconds an allocator call costs more under the heap probes, measured on sysprof's own
+/// calibration function probed as malloc is.
+pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
+    calibrate::measure_heap_probe_cost(probes, |probes, exe, offset| {
+        probes.attach_uprobes(&ALLOC_PROGRAMS, exe, offset, alloc::MALLOC, None)?;
+        probes.note_uprobes(
+            &[("alloc_enter", "uprobe"), ("alloc_return", "uretprobe")],
+            "sysprof's own sysprof_heap_probe_calibration (measures the cost of a heap probe hit)",
+            1,
+        );
+        Ok(())
+    })
+}
+
+/// Which allocator a library is, by its file name.
+fn allocator_of(path: &Path) -> Option<&'static str> {
+    let name = path.file_name()?.to_str()?;
+    ALLOCATORS.iter().find(|(prefix, _)| name.starts_with(prefix)).map(|(_, allocator)| *allocator)
+}
+
+fn is_shared_library(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains(".so"))
+}
+
+/// Whether an executable (not a shared library) defines malloc itself.
+fn defines_malloc(path: &Path) -> bool {
+    !is_shared_library(path)
+        && elf::exported_functions(path).is_ok_and(|exports| exports.contains_key("malloc"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocators_are_known_by_name() {
+        assert_eq!(allocator_of(Path::new("/lib/x86_64-linux-gnu/libc.so.6")), Some("glibc"));
+        assert_eq!(allocator_of(Path::new("/usr/lib/libjemalloc.so.2")), Some("jemalloc"));
+        assert_eq!(allocator_of(Path::new("/usr/lib/libtcmalloc_minimal.so.4")), Some("tcmalloc"));
+        assert_eq!(allocator_of(Path::new("/usr/lib/libmimalloc.so.2")), Some("mimalloc"));
+        assert_eq!(allocator_of(Path::new("/usr/lib/libcrypt.so.1")), None);
+        assert_eq!(allocator_of(Path::new("/usr/lib/libcap.so.2")), None);
+    }
+
+    #[test]
+    fn a_program_using_libc_malloc_does_not_define_it() {
+        // This test binary allocates through libc's malloc, which it imports.
+        assert!(!defines_malloc(&std::env::current_exe().unwrap()));
+    }
+}

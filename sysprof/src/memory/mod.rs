@@ -1,0 +1,28 @@
+//! Memory: how much each target holds over the run ([`usage`]), where it page-faults and how
+//! its address space changes (kernel side: the fault events and the mmap/munmap/brk/mremap
+//! syscalls' arguments), its heap with `--malloc` ([`heap`]), the data it holds on both the
+//! CPU and a GPU ([`redundancy`]), and the report section built from them ([`report`]).
+
+pub mod heap;
+pub mod profiles;
+pub mod redundancy;
+pub mod report;
+pub mod usage;
+
+use syscalls::Sysno;
+use sysprof_common::Config;
+
+/// Page-fault stacks are taken for 1 fault in this many: a stack walk costs more than a minor
+/// fault, and a sample of the stacks shows where faults come from as well as all of them.
+pub const FAULT_STACK_EVERY: u32 = 8;
+
+/// Sets the kernel side's memory options: address-space accounting on, and this architecture's
+/// numbers of the syscalls it reads.
+pub fn configure_kernel(config: &mut Config) {
+    config.address_space = 1;
+    config.nr_mmap = Sysno::mmap as u32;
+    config.nr_munmap = Sysno::munmap as u32;
+    config.nr_brk = Sysno::brk as u32;
+    config.nr_mremap = Sysno::mremap as u32;
+    config.fault_stack_every = FAULT_STACK_EVERY;
+}

@@ -1,0 +1,170 @@
+//! The memory stack profiles: where page faults happen (`faults.folded`, weighted in faults)
+//! and where the heap is allocated (`alloc.folded`, weighted in bytes), with the call sites
+//! that stand out in each.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+use sysprof_common::stack;
+
+use crate::{
+    callsites,
+    probes::MemoryDump,
+    procs::ProcessTable,
+    profile::{self, ResolvedStacks, StackProfile, StackSample},
+    symbolize::Symbolizer,
+};
+
+/// Rows in the site tables.
+const SITES: usize = 10;
+
+/// Where one process allocates from one place.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AllocSite {
+    pub pid: u32,
+    pub process: String,
+    /// The innermost function of the program's own code (past the allocator and the C and C++
+    /// runtimes).
+    pub site: String,
+    pub allocations: u64,
+    pub bytes: u64,
+    /// Bytes allocated here during the trace and not freed by its end.
+    pub live_bytes: u64,
+}
+
+/// Where one process faults.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FaultSite {
+    pub pid: u32,
+    pub process: String,
+    pub site: String,
+    /// Estimated from the sampled stacks (1 in N faults has its stack taken).
+    pub faults: u64,
+    pub share: f64,
+}
+
+/// Page faults by stack, the kind of fault as the first frame under the process.
+pub fn fault_profile(
+    dump: &MemoryDump,
+    processes: &mut ProcessTable,
+    symbolizer: &mut Symbolizer,
+) -> StackProfile {
+    let samples: Vec<StackSample> = dump
+        .fault_stacks
+        .iter()
+        .map(|(key, weight)| StackSample {
+            tgid: key.tgid,
+            tid: key.tgid,
+            user_stack_id: key.user_stack_id,
+            kernel_stack_id: key.kernel_stack_id,
+            comm: None,
+            weight: *weight,
+            tag: key.major,
+        })
+        .collect();
+    let resolved = ResolvedStacks::resolve(&samples, &dump.stacks, processes, symbolizer);
+    profile::build(&samples, &resolved, processes, "faults", |sample, _| {
+        Some(if sample.tag == 1 { "[major fault]" } else { "[minor fault]" }.into())
+    })
+}
+
+/// The functions that fault most, from the fault profile.
+pub fn fault_sites(faults: &StackProfile) -> Vec<FaultSite> {
+    let total = faults.total().max(1) as f64;
+    let mut sites: BTreeMap<(u32, String, String), u64> = BTreeMap::new();
+    for stack in &faults.stacks {
+        let site = callsites::own_frame(&stack.frames)
+            .map(callsites::describe)
+            .unwrap_or_else(|| "[no user stack]".into());
+        *sites.entry((stack.pid, stack.process.clone(), site)).or_default() += stack.weight;
+    }
+    let mut rows: Vec<FaultSite> = sites
+        .into_iter()
+        .map(|((pid, process, site), faults)| FaultSite {
+            pid,
+            process,
+            site,
+            faults,
+            share: faults as f64 / total,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.site.cmp(&b.site)));
+    rows.truncate(SITES);
+    rows
+}
+
+/// Ids given to the stacks rebuilt with their caller, above any id the kernel hands out.
+const REBUILT_STACK_IDS: u32 = 0x4000_0000;
+
+/// Heap allocations by stack, weighted in bytes, and the sites that allocate the most.
+pub fn heap_profile(
+    dump: &MemoryDump,
+    processes: &mut ProcessTable,
+    symbolizer: &mut Symbolizer,
+) -> (StackProfile, Vec<AllocSite>) {
+    // A stack taken at the allocator's first instruction misses its caller (the frame pointer
+    // still belongs to the caller): each (stack, caller) pair becomes a stack of its own with
+    // the caller put back.
+    let mut rebuilt: HashMap<(i32, u64), i32> = HashMap::new();
+    let mut stacks: HashMap<u32, Vec<u64>> = HashMap::new();
+    let mut stack_of = |user_stack_id: i32, caller: u64| -> i32 {
+        if user_stack_id < 0 || caller == 0 {
+            return user_stack_id;
+        }
+        let next = REBUILT_STACK_IDS + rebuilt.len() as u32;
+        *rebuilt.entry((user_stack_id, caller)).or_insert_with(|| {
+            let mut ips = dump.stacks.get(&(user_stack_id as u32)).cloned().unwrap_or_default();
+            if ips.get(1) != Some(&caller) {
+                ips.insert(ips.len().min(1), caller);
+            }
+            stacks.insert(next, ips);
+            next as i32
+        })
+    };
+    let mut live: HashMap<(u32, i32), u64> = HashMap::new();
+    for (key, block) in &dump.live {
+        *live.entry((key.tgid, stack_of(block.user_stack_id, block.caller))).or_default() += block.size;
+    }
+    let mut samples = Vec::with_capacity(dump.alloc_sites.len());
+    let mut counts: HashMap<(u32, i32), u64> = HashMap::new();
+    for (key, stats) in dump.alloc_sites.iter().filter(|(key, _)| key.tgid != std::process::id()) {
+        let id = stack_of(key.user_stack_id, key.caller);
+        *counts.entry((key.tgid, id)).or_default() += stats.count;
+        samples.push(StackSample {
+            tgid: key.tgid,
+            tid: key.tgid,
+            user_stack_id: id,
+            kernel_stack_id: stack::NONE,
+            comm: None,
+            weight: stats.bytes,
+            tag: 0,
+        });
+    }
+    let resolved = ResolvedStacks::resolve(&samples, &stacks, processes, symbolizer);
+    let profile = profile::build(&samples, &resolved, processes, "bytes", |_, _| None);
+
+    let mut sites: BTreeMap<(u32, String), AllocSite> = BTreeMap::new();
+    for sample in &samples {
+        let frames = resolved.frames(sample);
+        let site = callsites::own_frame(&frames)
+            .or(frames.last())
+            .map(callsites::describe)
+            .unwrap_or_else(|| "[no user stack]".into());
+        let row = sites.entry((sample.tgid, site.clone())).or_insert_with(|| AllocSite {
+            pid: sample.tgid,
+            process: processes.get(sample.tgid).map(|p| p.name.clone()).unwrap_or_default(),
+            site,
+            allocations: 0,
+            bytes: 0,
+            live_bytes: 0,
+        });
+        let key = (sample.tgid, sample.user_stack_id);
+        row.allocations += counts.remove(&key).unwrap_or(0);
+        row.live_bytes += live.remove(&key).unwrap_or(0);
+        row.bytes += sample.weight;
+    }
+    let mut sites: Vec<AllocSite> = sites.into_values().collect();
+    sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    sites.truncate(SITES);
+    (profile, sites)
+}

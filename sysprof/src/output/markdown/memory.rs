@@ -1,0 +1,326 @@
+//! The memory section: the overhead table (allocated vs reserved vs peak, with what is held on
+//! both CPU and GPU), memory over the run, page faults, address-space changes, the heap, and
+//! the host ranges copied to a GPU.
+
+use std::fmt::Write as _;
+
+use super::{bytes, escape, percent, table, thousands};
+use crate::{
+    memory::report::{MemoryReport, Side},
+    report::Report,
+};
+
+/// Processes listed in the per-process tables (report.json has them all).
+const PROCESS_ROWS: usize = 10;
+/// Host ranges listed.
+const RANGE_ROWS: usize = 15;
+
+pub(super) fn memory(out: &mut String, report: &Report) {
+    let Some(memory) = &report.memory else { return };
+    let _ = writeln!(out, "### Memory\n");
+    overview(out, memory);
+    usage(out, memory);
+    faults(out, memory);
+    address_space(out, memory);
+    heap(out, memory);
+    both_sides(out, memory);
+}
+
+fn optional(value: Option<u64>) -> String {
+    value.map(bytes).unwrap_or_else(|| "-".into())
+}
+
+fn overview(out: &mut String, memory: &MemoryReport) {
+    let processes = memory.overview.iter().filter(|row| row.side == Side::Cpu).count();
+    let rows: Vec<Vec<String>> = memory
+        .overview
+        .iter()
+        .filter(|row| row.side == Side::Cpu)
+        .take(PROCESS_ROWS)
+        .chain(memory.overview.iter().filter(|row| row.side != Side::Cpu))
+        .map(|row| {
+            vec![
+                match row.side {
+                    Side::Cpu => "CPU",
+                    Side::CpuPinned => "CPU (pinned)",
+                    Side::Gpu => "GPU",
+                }
+                .to_string(),
+                escape(&row.what),
+                optional(row.allocated),
+                optional(row.reserved),
+                optional(row.peak),
+                bytes(row.on_both_sides),
+                bytes(row.recopied),
+                match (row.minor_faults, row.major_faults) {
+                    (Some(minor), Some(major)) => format!("{} / {}", thousands(minor), thousands(major)),
+                    _ => "-".into(),
+                },
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "Side",
+            "Process / device",
+            "Allocated",
+            "Reserved",
+            "Peak",
+            "On both CPU and GPU",
+            "Copied H2D again",
+            "Page faults (minor / major)",
+        ],
+        &rows,
+    );
+    if processes > PROCESS_ROWS {
+        let _ = writeln!(
+            out,
+            "The {PROCESS_ROWS} processes with the most memory; report.json has all {processes}.\n"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "CPU rows: allocated = heap bytes live at the end (`--malloc`), reserved = resident memory (RSS) \
+         at the end, peak = peak RSS (VmHWM). GPU rows: allocated = traced allocations (cudaMalloc & co.) \
+         live at the end, reserved = GPU memory NVML accounts to the target, peak = traced allocations at \
+         their highest. Redundancy: bytes copied to a GPU and still allocated on both sides at the end; \
+         bytes moved host-to-device again from a range already copied.\n"
+    );
+}
+
+fn usage(out: &mut String, memory: &MemoryReport) {
+    if memory.processes.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "#### Memory over the run (every {} ms)\n", memory.interval_ms);
+    let rows: Vec<Vec<String>> = memory
+        .processes
+        .iter()
+        .take(PROCESS_ROWS)
+        .map(|p| {
+            let max = &p.rss_max;
+            vec![
+                format!("{} ({})", escape(&p.name), p.pid),
+                format!(
+                    "{} ({} anon, {} file, {} shmem)",
+                    bytes(max.rss()),
+                    bytes(max.rss_anon),
+                    bytes(max.rss_file),
+                    bytes(max.rss_shmem)
+                ),
+                bytes(p.end.rss()),
+                bytes(max.rss_peak.max(p.end.rss_peak)),
+                bytes(p.end.vm_size.max(max.vm_size)),
+                bytes(p.swap_max),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &["Process", "RSS at its highest", "RSS at the end", "Peak RSS (VmHWM)", "Virtual size", "Swap"],
+        &rows,
+    );
+}
+
+fn faults(out: &mut String, memory: &MemoryReport) {
+    let _ = writeln!(out, "#### Page faults\n");
+    let rows: Vec<Vec<String>> = memory
+        .processes
+        .iter()
+        .filter(|p| p.minor_faults + p.major_faults > 0)
+        .take(PROCESS_ROWS)
+        .map(|p| {
+            vec![
+                format!("{} ({})", escape(&p.name), p.pid),
+                thousands(p.minor_faults),
+                thousands(p.major_faults),
+                format!("{:.0}", p.faults_per_s),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        let _ = writeln!(out, "No page faults in the target.\n");
+        return;
+    }
+    table(out, &["Process", "Minor faults", "Major faults (disk)", "Faults/s"], &rows);
+    if !memory.fault_sites.is_empty() {
+        let rows: Vec<Vec<String>> = memory
+            .fault_sites
+            .iter()
+            .map(|s| {
+                vec![
+                    format!("{} ({})", escape(&s.process), s.pid),
+                    escape(&s.site),
+                    percent(s.share),
+                    format!("~{}", thousands(s.faults)),
+                ]
+            })
+            .collect();
+        table(out, &["Process", "Faulting in", "Share of faults", "Faults"], &rows);
+        let _ = writeln!(
+            out,
+            "Counts are exact; stacks are taken for a sample of the faults (faults.svg, faults.folded).\n"
+        );
+    }
+}
+
+fn address_space(out: &mut String, memory: &MemoryReport) {
+    let rows: Vec<Vec<String>> = memory
+        .processes
+        .iter()
+        .filter_map(|p| Some((p, p.address_space?)))
+        .take(PROCESS_ROWS)
+        .map(|(p, a)| {
+            vec![
+                format!("{} ({})", escape(&p.name), p.pid),
+                format!("{} ({})", thousands(a.mmap_calls), bytes(a.mmap_bytes)),
+                format!("{} ({})", thousands(a.munmap_calls), bytes(a.munmap_bytes)),
+                format!(
+                    "{} (+{} / -{})",
+                    thousands(a.brk_calls),
+                    bytes(a.brk_grow_bytes),
+                    bytes(a.brk_shrink_bytes)
+                ),
+                format!(
+                    "{} (+{} / -{})",
+                    thousands(a.mremap_calls),
+                    bytes(a.mremap_grow_bytes),
+                    bytes(a.mremap_shrink_bytes)
+                ),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "#### Address space (from the syscalls' arguments)\n");
+    table(out, &["Process", "mmap", "munmap", "brk", "mremap"], &rows);
+}
+
+fn heap(out: &mut String, memory: &MemoryReport) {
+    let _ = writeln!(out, "#### Heap\n");
+    let Some(heap) = &memory.heap else {
+        let _ = writeln!(
+            out,
+            "Not profiled: `--malloc` probes the allocator for allocation rate, sizes, live and peak bytes \
+             and the stacks that allocate most (a few microseconds per allocator call).\n"
+        );
+        return;
+    };
+    if heap.allocators.is_empty() {
+        let _ = writeln!(out, "No allocator was found in the target.\n");
+        return;
+    }
+    let allocators: Vec<String> = heap
+        .allocators
+        .iter()
+        .map(|a| format!("{} `{}` ({})", a.allocator, a.path.display(), a.functions.join(", ")))
+        .collect();
+    let _ = writeln!(out, "Allocators probed: {}.\n", allocators.join("; "));
+    let rows: Vec<Vec<String>> = memory
+        .processes
+        .iter()
+        .filter_map(|p| Some((p, p.heap.as_ref()?)))
+        .take(PROCESS_ROWS)
+        .map(|(p, h)| {
+            vec![
+                format!("{} ({})", escape(&p.name), p.pid),
+                thousands(h.allocations),
+                thousands(h.frees),
+                bytes(h.bytes),
+                format!("{:.0}", h.allocations_per_s),
+                bytes(h.live),
+                bytes(h.peak_live),
+                format!("{} / {} / {}", bytes(h.size_p50), bytes(h.size_p99), bytes(h.size_max)),
+                thousands(h.untracked_frees),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        let _ = writeln!(out, "The target made no allocations while traced.\n");
+        return;
+    }
+    table(
+        out,
+        &[
+            "Process",
+            "Allocations",
+            "Frees",
+            "Allocated",
+            "Allocations/s",
+            "Live at the end",
+            "Peak live",
+            "Size p50 / p99 / max",
+            "Frees of older blocks",
+        ],
+        &rows,
+    );
+    if !heap.sites.is_empty() {
+        let rows: Vec<Vec<String>> = heap
+            .sites
+            .iter()
+            .map(|s| {
+                vec![
+                    format!("{} ({})", escape(&s.process), s.pid),
+                    escape(&s.site),
+                    thousands(s.allocations),
+                    bytes(s.bytes),
+                    bytes(s.live_bytes),
+                ]
+            })
+            .collect();
+        table(out, &["Process", "Allocated from", "Allocations", "Bytes", "Live at the end"], &rows);
+    }
+    if let Some(cost) = &heap.probe_cost {
+        let _ = writeln!(
+            out,
+            "Cost of the allocator probes: {:.2} µs per call measured on this machine, x {} calls = {:.3} s \
+             added to the target's threads (alloc.svg, alloc.folded show the bytes by stack).\n",
+            cost.ns_per_call / 1000.0,
+            thousands(cost.hits),
+            cost.added_s
+        );
+    }
+}
+
+fn both_sides(out: &mut String, memory: &MemoryReport) {
+    if memory.copied_ranges.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "#### Data on both CPU and GPU\n");
+    let rows: Vec<Vec<String>> = memory
+        .copied_ranges
+        .iter()
+        .take(RANGE_ROWS)
+        .map(|r| {
+            vec![
+                r.pid.to_string(),
+                format!("`{:#x}`", r.host),
+                bytes(r.bytes),
+                thousands(r.copies),
+                bytes(r.recopied),
+                match (r.device_allocated, r.device) {
+                    (true, Some(device)) => format!("allocated on GPU {device}"),
+                    _ => "freed".into(),
+                },
+                r.host_evidence.describe().to_string(),
+                escape(&r.call_site),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "Pid",
+            "Host range",
+            "Size",
+            "H2D copies",
+            "Copied again",
+            "Device copy",
+            "Host copy",
+            "Copied from",
+        ],
+        &rows,
+    );
+}

@@ -1,0 +1,283 @@
+//! `report.md`: the report model as tables a person reads top to bottom. Part A answers where the
+//! time goes and what to change first; Part B is the changelog of what sysprof instrumented.
+
+use std::{fmt::Write as _, path::Path};
+
+mod cpu;
+mod gpu;
+mod memory;
+
+use super::{Artifact, Sink, write_file};
+use crate::report::{Lost, Report};
+
+pub struct MarkdownReport;
+
+impl Sink for MarkdownReport {
+    fn write(&self, artifact: &Artifact<'_>, dir: &Path) -> anyhow::Result<Option<String>> {
+        let Artifact::Report(report) = artifact else {
+            return Ok(None);
+        };
+        write_file(dir, "report.md", render(report).as_bytes())?;
+        Ok(Some("report.md".into()))
+    }
+}
+
+/// The whole report as Markdown.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# sysprof report: {}\n", report.run.target);
+    let _ = writeln!(out, "## Part A: where the time goes\n");
+    run_summary(&mut out, report);
+    recommendations(&mut out, report);
+    cpu::cpu(&mut out, report);
+    cpu::sched(&mut out, report);
+    cpu::syscalls(&mut out, report);
+    memory::memory(&mut out, report);
+    gpu::gpu(&mut out, report);
+    gpu::gpu_metrics(&mut out, report);
+    cpu::functions(&mut out, report);
+    overhead(&mut out, report);
+    limitations(&mut out, report);
+    part_b(&mut out, report);
+    out
+}
+
+fn run_summary(out: &mut String, report: &Report) {
+    let run = &report.run;
+    let _ = writeln!(out, "### Run summary\n");
+    let mut rows = vec![
+        vec!["Target".to_string(), run.target.clone()],
+        vec!["Started".into(), run.started_at.clone()],
+        vec!["Duration".into(), format!("{:.2} s (ended by {})", run.duration_s, run.ended_by)],
+    ];
+    if let Some(status) = &run.command_status {
+        rows.push(vec!["Command".into(), status.clone()]);
+    }
+    rows.extend([
+        vec![
+            "Sampling".into(),
+            format!("{} at {} Hz per CPU, {} CPUs", run.event, run.frequency_hz, run.cpus),
+        ],
+        vec!["Samples".into(), thousands(run.samples)],
+        vec![
+            "Machine CPU".into(),
+            match run.machine_busy_share {
+                Some(busy) => format!(
+                    "{:.1}% busy, {:.1}% idle, all CPUs together (/proc/stat); idle CPUs are not sampled",
+                    busy * 100.0,
+                    (1.0 - busy) * 100.0
+                ),
+                None => "unknown (/proc/stat unreadable)".into(),
+            },
+        ],
+        vec!["Lost".into(), lost(&run.lost)],
+        vec!["Files".into(), run.outputs.join(", ")],
+    ]);
+    table(out, &["", ""], &rows);
+}
+
+/// "none", or each kind of event lost with its count.
+fn lost(lost: &Lost) -> String {
+    let kinds = [
+        (lost.samples, "samples"),
+        (lost.user_stacks, "user stacks"),
+        (lost.kernel_stacks, "kernel stacks"),
+        (lost.process_events, "process events"),
+        (lost.processes_not_followed, "processes not followed"),
+        (lost.syscalls, "syscalls"),
+        (lost.sched_events, "scheduler events"),
+        (lost.offcpu_intervals, "off-CPU intervals"),
+        (lost.calls, "probed calls"),
+        (lost.call_events, "call events"),
+        (lost.faults, "page faults"),
+        (lost.allocations, "allocations"),
+    ];
+    let lost: Vec<String> =
+        kinds.iter().filter(|(n, _)| *n > 0).map(|(n, what)| format!("{} {what}", thousands(*n))).collect();
+    if lost.is_empty() { "none".into() } else { lost.join(", ") }
+}
+
+fn recommendations(out: &mut String, report: &Report) {
+    let _ = writeln!(out, "### Recommendations, ranked by expected impact\n");
+    if report.recommendations.is_empty() {
+        let _ = writeln!(out, "Nothing stands out: no single function or cost dominates.\n");
+        return;
+    }
+    for (rank, rec) in report.recommendations.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{}. **{}** (impact ~{:.0}% of measured time). {}. {}.",
+            rank + 1,
+            escape(&rec.title),
+            rec.impact * 100.0,
+            rec.evidence,
+            rec.action
+        );
+    }
+    out.push('\n');
+}
+
+fn overhead(out: &mut String, report: &Report) {
+    let cost = &report.overhead;
+    let _ = writeln!(out, "### sysprof's own cost\n");
+    if cost.bpf_stats_available {
+        let rows: Vec<Vec<String>> = cost
+            .programs
+            .iter()
+            .map(|p| {
+                let average = p.run_time_ns.checked_div(p.run_count).unwrap_or(0);
+                vec![
+                    format!("`{}`", p.program),
+                    thousands(p.run_count),
+                    format!("{:.3} ms", p.run_time_ns as f64 / 1e6),
+                    format!("{average} ns"),
+                ]
+            })
+            .collect();
+        table(out, &["BPF program", "Runs", "Total time", "Per run"], &rows);
+        let _ = writeln!(
+            out,
+            "BPF programs: {:.3} ms in all, {:.4}% of the CPU time available during the run. The kernel \
+             timed them during {:.0}% of the run (its statistics cost two clock reads per run, so they are \
+             on in windows); runs and times are scaled to the whole run.",
+            cost.bpf_time_ns as f64 / 1e6,
+            cost.bpf_cpu_share * 100.0,
+            cost.bpf_stats_coverage * 100.0
+        );
+    } else {
+        let _ = writeln!(out, "The kernel keeps no BPF run-time statistics here (kernel.bpf_stats_enabled).");
+    }
+    let _ = writeln!(
+        out,
+        "sysprof process: {:.2} s of CPU, peak RSS {} KiB. Lost events: {}.\n",
+        cost.sysprof_cpu_s,
+        thousands(cost.sysprof_peak_rss_kib),
+        report.run.lost.total()
+    );
+}
+
+fn limitations(out: &mut String, report: &Report) {
+    if report.limitations.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "### What sysprof could not see\n");
+    for limitation in &report.limitations {
+        let _ = writeln!(out, "- {limitation}");
+    }
+    out.push('\n');
+}
+
+fn part_b(out: &mut String, report: &Report) {
+    let instr = &report.instrumentation;
+    let _ = writeln!(out, "## Part B: instrumentation changelog\n");
+    let file_rows: Vec<Vec<String>> = if instr.files_modified.is_empty() {
+        vec![vec![
+            "(none)".into(),
+            "none".into(),
+            "no file was modified, nothing was injected or restarted: eBPF programs were attached to the \
+             running kernel and removed at exit"
+                .into(),
+            "0".into(),
+        ]]
+    } else {
+        instr
+            .files_modified
+            .iter()
+            .map(|f| vec![escape(f), "modified".into(), String::new(), "?".into()])
+            .collect()
+    };
+    table(out, &["File", "Change type", "What", "Lines"], &file_rows);
+
+    let _ = writeln!(out, "### BPF programs attached\n");
+    let gone = instr.detach.still_loaded.is_empty();
+    let rows: Vec<Vec<String>> = instr
+        .probes
+        .iter()
+        .map(|p| {
+            let detached = if instr.detach.still_loaded.contains(&p.program_id) {
+                format!("NO: program id {} still loaded", p.program_id)
+            } else {
+                format!("yes (program id {} gone)", p.program_id)
+            };
+            vec![
+                format!("`{}`", p.program),
+                p.kind.clone(),
+                escape(&p.attached_to),
+                p.links.to_string(),
+                detached,
+            ]
+        })
+        .collect();
+    table(out, &["Program", "Type", "Attached to", "Links", "Detached"], &rows);
+    let _ = writeln!(
+        out,
+        "Detach check: {} of {} programs confirmed unloaded by listing the kernel's BPF programs after \
+         detaching{}.",
+        instr.detach.programs - instr.detach.still_loaded.len(),
+        instr.detach.programs,
+        if gone { "" } else { " (some remained: see above)" }
+    );
+}
+
+/// A Markdown table; the first header may be empty for key/value tables.
+fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
+    let _ = writeln!(out, "| {} |", headers.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(headers.len()));
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    out.push('\n');
+}
+
+fn escape(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+fn percent(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+/// 1234567 -> "1,234,567".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// "1.5 MiB".
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_read_naturally() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(4096), "4.0 KiB");
+        assert_eq!(bytes(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+}

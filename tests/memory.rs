@@ -1,0 +1,237 @@
+//! Memory tracing end to end, against workloads whose answers are known: pages touched one by
+//! one (minor faults in a named function), mmap/munmap of known sizes, allocations of known
+//! sizes from named functions (`--malloc`), and a GPU program that copies the same pinned buffer
+//! to the device again and again (with the GPU test doubles).
+
+mod support;
+
+use std::{io::Write as _, process::Stdio};
+
+use serde_json::Value;
+use support::*;
+
+/// The memory row of process `pid`.
+fn process_row(report: &Value, pid: u32) -> &Value {
+    report["memory"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("no memory row for pid {pid} in {:#}", report["memory"]))
+}
+
+/// The memory row of the process named `name`.
+fn named_row<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["memory"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no memory row for {name} in {:#}", report["memory"]))
+}
+
+/// Starts `memload ARGS` waiting for its go byte, traces it by pid with `options` until it
+/// exits, and returns the output directory, the report and its pid.
+fn trace_memload_by_pid(options: &[&str], args: &[&str]) -> (tempfile::TempDir, Value, u32) {
+    let dir = output_dir();
+    let mut command = std::process::Command::new(workload("memload"));
+    command.args(args).stdin(Stdio::piped());
+    let mut target = Background::spawn(&mut command);
+    let pid = target.pid();
+    let pid_text = pid.to_string();
+    let mut trace_args = vec!["trace", "--pid", pid_text.as_str()];
+    trace_args.extend_from_slice(options);
+    let mut sysprof = spawn_tracing(&trace_args, dir.path());
+    target.0.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(target.0.wait().unwrap().success());
+    let status = sysprof.wait().unwrap();
+    assert!(status.success(), "sysprof failed: {status}");
+    let report = read_report(dir.path());
+    (dir, report, pid)
+}
+
+#[test]
+fn touching_fresh_pages_is_one_minor_fault_each_in_the_touching_function() {
+    let Some(_guard) = root_guard("touching_fresh_pages_is_one_minor_fault_each_in_the_touching_function")
+    else {
+        return;
+    };
+    const PAGES: u64 = 20_000;
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "memory", "--memory-interval", "50ms", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("memload"))
+        .args(["touch", &PAGES.to_string(), "400"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    let row = named_row(&report, "memload");
+    let minor = row["minor_faults"].as_u64().unwrap();
+    // The program's own start (exec, the dynamic loader) adds a few hundred.
+    assert!((PAGES..PAGES + 2_000).contains(&minor), "{minor} minor faults for {PAGES} pages: {row:#}");
+    assert_eq!(row["major_faults"], 0, "{row:#}");
+
+    // Stacks are sampled, weighted to stand for every fault: touch_pages holds nearly all.
+    let site = &report["memory"]["fault_sites"][0];
+    assert!(
+        site["site"].as_str().unwrap().starts_with("touch_pages"),
+        "{:#}",
+        report["memory"]["fault_sites"]
+    );
+    assert!(site["share"].as_f64().unwrap() > 0.8, "{site:#}");
+    let folded = read_folded(&dir.path().join("faults.folded"));
+    let in_touch = total_weight(&folded, "touch_pages");
+    assert!(
+        (in_touch as f64 / PAGES as f64 - 1.0).abs() < 0.15,
+        "faults.folded puts {in_touch} faults in touch_pages for {PAGES} pages"
+    );
+    assert!(folded.iter().any(|(frames, _)| frames.contains(&"[minor fault]".to_string())));
+    let svg = std::fs::read_to_string(dir.path().join("faults.svg")).unwrap();
+    assert!(svg.contains("touch_pages"));
+
+    // The pages stay resident for 400 ms: the memory readings see them.
+    let rss_anon = row["rss_max"]["rss_anon"].as_u64().unwrap();
+    assert!(rss_anon >= PAGES * 4096 * 95 / 100, "RSS anon at its highest {rss_anon}: {row:#}");
+    assert!(row["rss_max"]["rss_peak"].as_u64().unwrap() >= rss_anon);
+    assert!(row["series"].as_array().unwrap().len() >= 3, "{row:#}");
+
+    // The overview table has the process with its faults; without --malloc there is no heap.
+    let overview = &report["memory"]["overview"][0];
+    assert_eq!(overview["side"], "cpu");
+    assert_eq!(overview["minor_faults"], minor);
+    assert!(report["memory"]["heap"].is_null());
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(markdown.contains("### Memory") && markdown.contains("touch_pages"), "{markdown}");
+    let programs: Vec<&str> = report["instrumentation"]["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["program"].as_str().unwrap())
+        .collect();
+    assert!(programs.contains(&"fault_minor") && programs.contains(&"fault_major"));
+    assert!(!programs.contains(&"alloc_enter"), "no allocator probes without --malloc: {programs:?}");
+    assert_no_sysprof_programs();
+}
+
+#[test]
+fn mmap_and_munmap_bytes_come_from_the_arguments() {
+    let Some(_guard) = root_guard("mmap_and_munmap_bytes_come_from_the_arguments") else { return };
+    const CALLS: u64 = 100;
+    const SIZE: u64 = 3 << 20;
+    let (_dir, report, pid) =
+        trace_memload_by_pid(&["--focus", "memory"], &["mmaps", &CALLS.to_string(), &SIZE.to_string()]);
+    let space = &process_row(&report, pid)["address_space"];
+    assert_eq!(space["mmap_calls"], CALLS, "{space:#}");
+    assert_eq!(space["mmap_bytes"], CALLS * SIZE, "{space:#}");
+    assert_eq!(space["munmap_calls"], CALLS, "{space:#}");
+    assert_eq!(space["munmap_bytes"], CALLS * SIZE, "{space:#}");
+    assert_eq!(space["mremap_calls"], 0, "{space:#}");
+}
+
+#[test]
+fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks() {
+    let Some(_guard) =
+        root_guard("malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks")
+    else {
+        return;
+    };
+    const ROUNDS: u64 = 1_000;
+    const KEPT: u64 = 50;
+    let (dir, report, pid) = trace_memload_by_pid(
+        &["--focus", "memory", "--malloc"],
+        &["allocs", &ROUNDS.to_string(), &KEPT.to_string()],
+    );
+    // Each round: malloc 1000, calloc 10 x 300, malloc 100 then realloc to 5000; all freed.
+    let heap = &process_row(&report, pid)["heap"];
+    assert_eq!(heap["allocations"], 4 * ROUNDS + KEPT, "{heap:#}");
+    assert_eq!(heap["bytes"], 9_100 * ROUNDS + 4096 * KEPT, "{heap:#}");
+    assert_eq!(heap["frees"], 4 * ROUNDS, "{heap:#}");
+    assert_eq!(heap["live"], 4096 * KEPT, "{heap:#}");
+    assert!(heap["peak_live"].as_u64().unwrap() >= 4096 * KEPT, "{heap:#}");
+
+    let sites = report["memory"]["heap"]["sites"].as_array().unwrap();
+    let site = |function: &str| {
+        sites
+            .iter()
+            .find(|s| s["pid"] == pid && s["site"].as_str().unwrap().starts_with(function))
+            .unwrap_or_else(|| panic!("no site {function} in {sites:#?}"))
+    };
+    let known = site("allocate_known_sizes");
+    assert_eq!(
+        (known["allocations"].as_u64(), known["bytes"].as_u64()),
+        (Some(4 * ROUNDS), Some(9_100 * ROUNDS))
+    );
+    assert_eq!(known["live_bytes"], 0);
+    let kept = site("keep_known_blocks");
+    assert_eq!((kept["allocations"].as_u64(), kept["live_bytes"].as_u64()), (Some(KEPT), Some(4096 * KEPT)));
+
+    // alloc.folded weighs stacks in bytes, through the allocating function.
+    let folded = read_folded(&dir.path().join("alloc.folded"));
+    assert_eq!(total_weight(&folded, "allocate_known_sizes"), 9_100 * ROUNDS);
+    assert_eq!(total_weight(&folded, "keep_known_blocks"), 4096 * KEPT);
+    assert!(std::fs::read_to_string(dir.path().join("alloc.svg")).unwrap().contains("allocate_known_sizes"));
+
+    // The allocator probed, and what its probes cost.
+    let allocators = report["memory"]["heap"]["allocators"].as_array().unwrap();
+    assert!(allocators.iter().any(|a| a["allocator"] == "glibc"), "{allocators:#?}");
+    let cost = &report["memory"]["heap"]["probe_cost"];
+    assert!(cost["ns_per_call"].as_f64().unwrap() > 0.0, "{cost:#}");
+    assert!(cost["hits"].as_u64().unwrap() >= 8 * ROUNDS, "{cost:#}");
+    assert_eq!(report["run"]["lost"]["allocations"], 0);
+    assert_no_sysprof_programs();
+}
+
+#[test]
+fn a_pinned_buffer_copied_again_and_again_is_on_both_sides() {
+    let Some(_guard) = root_guard("a_pinned_buffer_copied_again_and_again_is_on_both_sides") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .env("LD_LIBRARY_PATH", gpu_doubles())
+        .args(["trace", "-q", "--malloc", "--focus", "memory,gpu", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(gpu_app())
+        .arg("redundant")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    let ranges = report["memory"]["copied_ranges"].as_array().unwrap();
+    let range = |bytes: u64| {
+        ranges
+            .iter()
+            .find(|r| r["bytes"] == bytes)
+            .unwrap_or_else(|| panic!("no {bytes}-byte range in {ranges:#?}"))
+    };
+    // The pinned input: 5 copies, 4 of them again, still allocated on both sides.
+    let weights = range(2 << 20);
+    assert_eq!(weights["copies"], 5, "{weights:#}");
+    assert_eq!(weights["recopied"], 4 * (2 << 20), "{weights:#}");
+    assert_eq!(weights["host_evidence"], "pinned-allocation", "{weights:#}");
+    assert_eq!(weights["on_both_sides"], true, "{weights:#}");
+    assert!(weights["call_site"].as_str().unwrap().starts_with("upload_constant_input"), "{weights:#}");
+    // The staging buffer was freed on the host: not redundant. The kept one is.
+    let staged = range(1 << 20);
+    assert_eq!(staged["on_both_sides"], false, "{staged:#}");
+    let kept = range(512 << 10);
+    assert_eq!(kept["host_evidence"], "heap-block", "{kept:#}");
+    assert_eq!(kept["on_both_sides"], true, "{kept:#}");
+
+    let overview = report["memory"]["overview"].as_array().unwrap();
+    let process = overview.iter().find(|r| r["what"].as_str().unwrap().starts_with("gpu_app")).unwrap();
+    assert_eq!(process["on_both_sides"], (2 << 20) + (512 << 10), "{process:#}");
+    assert_eq!(process["recopied"], 4 * (2 << 20), "{process:#}");
+    let device = overview.iter().find(|r| r["what"] == "GPU 0").unwrap();
+    assert_eq!(device["allocated"], (2 << 20) + (1 << 20) + (512 << 10), "{device:#}");
+    assert_eq!(device["on_both_sides"], (2 << 20) + (512 << 10), "{device:#}");
+    let recommendations = report["recommendations"].as_array().unwrap();
+    assert!(
+        recommendations
+            .iter()
+            .any(|r| r["title"] == "Keep data that is copied to the GPU again and again on the GPU"),
+        "{recommendations:#?}"
+    );
+}
