@@ -68,6 +68,8 @@ pub struct HeapTracer {
     done: HashSet<(u32, (u64, u64))>,
     /// Target processes with probes of their own, detached when they exit.
     attached_pids: HashSet<u32>,
+    /// Target processes given probes so far (exited ones included).
+    probed_processes: usize,
     pub allocators: Vec<ProbedAllocator>,
     pub problems: Vec<String>,
 }
@@ -79,6 +81,7 @@ impl HeapTracer {
             probes: CallProbes::default(),
             done: HashSet::new(),
             attached_pids: HashSet::new(),
+            probed_processes: 0,
             allocators: Vec::new(),
             problems: Vec::new(),
         }
@@ -131,7 +134,8 @@ impl HeapTracer {
     /// Detaches the probes of target processes that exited.
     pub fn release_exited(&mut self, probes: &mut Probes, processes: &ProcessTable) {
         self.attached_pids.retain(|&pid| {
-            let exited = processes.get(pid).is_none_or(|record| record.exited);
+            // Only an exit seen: a launched command is probed before the table knows it.
+            let exited = processes.get(pid).is_some_and(|record| record.exited);
             if exited {
                 probes.detach_process_uprobes(pid);
             }
@@ -148,6 +152,18 @@ impl HeapTracer {
         let Some(file) = uprobes::file_id(path) else { return };
         if !self.done.insert((self.scope_pid(pid), file)) {
             return;
+        }
+        if !self.system_wide && !self.attached_pids.contains(&pid) {
+            if self.probed_processes == MAX_PROCESSES {
+                self.problems.push(format!(
+                    "--malloc: the heap of target processes beyond the first {MAX_PROCESSES} is not traced \
+                     (each process's probes take about a second to remove)"
+                ));
+            }
+            self.probed_processes += 1;
+            if self.probed_processes > MAX_PROCESSES {
+                return;
+            }
         }
         let owner = (!self.system_wide).then_some(pid);
         match attach_allocator(&mut self.probes, probes, path, owner) {
@@ -186,6 +202,10 @@ impl HeapTracer {
         }
     }
 }
+
+/// Target processes whose heap is traced: removing a process's probes takes the kernel about a
+/// second (a grace period per probe, one at a time), which a fork-heavy target would multiply.
+const MAX_PROCESSES: usize = 32;
 
 /// What the report calls an allocator linked into the program itself.
 const LINKED_IN: &str = "linked into the program";
