@@ -185,6 +185,44 @@ fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks(
 }
 
 #[test]
+fn a_child_started_during_the_trace_gets_its_own_heap_probes() {
+    let Some(_guard) = root_guard("a_child_started_during_the_trace_gets_its_own_heap_probes") else {
+        return;
+    };
+    const ROUNDS: u64 = 500;
+    let (_dir, report, parent) =
+        trace_memload_by_pid(&["--focus", "memory", "--malloc"], &["childallocs", &ROUNDS.to_string()]);
+    let child = report["memory"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] != parent && p["name"] == "memload")
+        .unwrap_or_else(|| panic!("no child in {:#}", report["memory"]));
+    let heap = &child["heap"];
+    assert_eq!(heap["allocations"], 4 * ROUNDS, "{heap:#}");
+    assert_eq!(heap["bytes"], 9_100 * ROUNDS, "{heap:#}");
+    assert_eq!(heap["frees"], 4 * ROUNDS, "{heap:#}");
+    // The parent's and the child's probes, each detached at its exit or at the end.
+    let alloc_links: u64 = report["instrumentation"]["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            p["program"] == "alloc_enter" && p["attached_to"].as_str().unwrap().contains("each target")
+        })
+        .map(|p| p["links"].as_u64().unwrap())
+        .sum();
+    assert!(alloc_links >= 2 * 5, "two processes' allocating functions: {alloc_links} links");
+    assert_eq!(report["instrumentation"]["detach"]["still_loaded"], serde_json::json!([]));
+    let limitations = report["limitations"].as_array().unwrap();
+    assert!(
+        limitations.iter().any(|l| l.as_str().unwrap().contains("starts during the trace")),
+        "{limitations:#?}"
+    );
+    assert_no_sysprof_programs();
+}
+
+#[test]
 fn a_pinned_buffer_copied_again_and_again_is_on_both_sides() {
     let Some(_guard) = root_guard("a_pinned_buffer_copied_again_and_again_is_on_both_sides") else { return };
     let dir = output_dir();

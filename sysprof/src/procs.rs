@@ -47,7 +47,7 @@ pub struct ProcessRecord {
 pub struct ProcessTable {
     processes: HashMap<u32, ProcessRecord>,
     rescan_interval: Duration,
-    /// Bumped whenever a process's known maps change (a library loaded).
+    /// Bumped whenever a process's known maps change (a library loaded, a process forked).
     maps_version: u64,
     /// When memory is read, if it is.
     memory: Option<Schedule>,
@@ -122,7 +122,9 @@ impl ProcessTable {
                 record.started_during_trace = true;
                 record.maps = inherited;
                 record.early_scans = 0;
-                self.maps_version += u64::from(scan(event.pid, record, now));
+                scan(event.pid, record, now);
+                // A new process maps what its parent did: a change for whoever probes per process.
+                self.maps_version += 1;
                 read_memory(self.memory.as_ref(), event.pid, record);
             }
             process_event::EXEC => {
@@ -186,7 +188,7 @@ impl ProcessTable {
         }
     }
 
-    /// Changes whenever some process's known maps change.
+    /// Changes whenever some process's known maps change, or a process forks.
     pub fn maps_version(&self) -> u64 {
         self.maps_version
     }

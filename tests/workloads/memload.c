@@ -9,6 +9,9 @@
 //                            (malloc 1000, calloc 10 x 300, malloc 100 grown by realloc to 5000,
 //                            all freed: 4 allocations, 9100 bytes, 4 frees a round), then K
 //                            blocks of 4096 from keep_known_blocks, never freed
+//   memload childallocs N    waits for a byte on stdin, then forks a child that waits 300 ms
+//                            (a tracer sees it meanwhile) and does N rounds of
+//                            allocate_known_sizes; the parent waits for it
 //   memload mallocs N        N malloc/free pairs of 64 bytes; prints "ns_per_call=X" per pair
 //                            (the heap benchmark's timer)
 //
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -103,6 +107,18 @@ int main(int argc, char **argv) {
         allocate_known_sizes(n);
         keep_known_blocks(atol(argv[3]));
         return 0;
+    }
+    if (strcmp(mode, "childallocs") == 0) {
+        wait_for_go();
+        pid_t child = fork();
+        if (child == 0) {
+            usleep(300 * 1000);
+            allocate_known_sizes(n);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 5;
     }
     if (strcmp(mode, "mallocs") == 0) {
         double start = now();
