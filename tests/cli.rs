@@ -174,6 +174,7 @@ fn memory_section() -> sysprof::memory::report::MemoryReport {
                 size_p99: 5000,
                 size_max: 5000,
                 untracked_frees: 0,
+                sizes: vec![SizeBin { below: 1024, count: 2000 }, SizeBin { below: 8192, count: 2050 }],
             }),
             series: vec![],
         }],

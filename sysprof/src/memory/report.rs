@@ -2,8 +2,10 @@
 //! vs reserved vs peak, with what is redundant), memory over the run, page faults,
 //! address-space changes, the heap, the data held on both CPU and GPU, and what to change.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
-use sysprof_common::AddressSpace;
+use sysprof_common::{AddressSpace, LatencyHistogram, histogram};
 
 use super::{
     heap::ProbedAllocator,
@@ -136,6 +138,26 @@ pub struct Heap {
     pub size_max: u64,
     /// Frees of blocks sysprof did not see allocated (before the trace, or beyond the table).
     pub untracked_frees: u64,
+    /// Allocation sizes in power-of-two bins, smallest first (empty bins left out).
+    pub sizes: Vec<SizeBin>,
+}
+
+/// Allocations smaller than `below` bytes (and at least half of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SizeBin {
+    pub below: u64,
+    pub count: u64,
+}
+
+/// The kernel's size histogram in power-of-two bins: each of its buckets lies within one.
+fn size_bins(sizes: &LatencyHistogram) -> Vec<SizeBin> {
+    let mut bins: BTreeMap<u64, u64> = BTreeMap::new();
+    for (index, &count) in sizes.buckets.iter().enumerate().filter(|(_, count)| **count > 0) {
+        let (low, _) = histogram::bucket_range(index);
+        let below = if low == 0 { 1 } else { 1u64 << (64 - low.leading_zeros()).min(63) };
+        *bins.entry(below).or_default() += u64::from(count);
+    }
+    bins.into_iter().map(|(below, count)| SizeBin { below, count }).collect()
 }
 
 /// The heap tables (`--malloc`).
@@ -192,6 +214,7 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
                     size_p99: sizes.p99_ns,
                     size_max: a.sizes.max_ns,
                     untracked_frees: a.untracked_frees,
+                    sizes: size_bins(&a.sizes),
                 }
             });
             ProcessMemory {
@@ -451,4 +474,19 @@ pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_fall_in_power_of_two_bins() {
+        let mut sizes = crate::latency::empty();
+        for (size, count) in [(1000u64, 3u32), (5000, 2), (5000, 1), (24, 4), (0, 1)] {
+            sizes.buckets[histogram::bucket_of(size)] += count;
+        }
+        let bins: Vec<(u64, u64)> = size_bins(&sizes).iter().map(|b| (b.below, b.count)).collect();
+        assert_eq!(bins, vec![(1, 1), (32, 4), (1024, 3), (8192, 3)]);
+    }
 }

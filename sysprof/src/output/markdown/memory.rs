@@ -256,6 +256,19 @@ fn heap(out: &mut String, memory: &MemoryReport) {
         ],
         &rows,
     );
+    for (p, h) in memory.processes.iter().filter_map(|p| Some((p, p.heap.as_ref()?))).take(3) {
+        let total = h.sizes.iter().map(|b| b.count).sum::<u64>().max(1) as f64;
+        let bins: Vec<String> = h
+            .sizes
+            .iter()
+            .filter(|b| b.count as f64 / total >= 0.01)
+            .map(|b| format!("< {} {}", bytes(b.below), percent(b.count as f64 / total)))
+            .collect();
+        if !bins.is_empty() {
+            let _ =
+                writeln!(out, "Allocation sizes in {} ({}): {}.\n", escape(&p.name), p.pid, bins.join(", "));
+        }
+    }
     if !heap.sites.is_empty() {
         let rows: Vec<Vec<String>> = heap
             .sites
