@@ -141,7 +141,10 @@ pub struct Config {
     pub nr_mremap: u32,
     /// Page-fault stacks are taken for 1 fault in this many (counts stay exact).
     pub fault_stack_every: u32,
-    pub _pad: u32,
+    /// sysprof's own process: never a target, whatever the filter says (a `--cgroup` or
+    /// `--comm` it falls in, `--all`, a `--pid` it descends from), except while it measures its
+    /// own probe cost with itself in `TARGETS`.
+    pub self_tgid: u32,
 }
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.

@@ -22,7 +22,8 @@ static CONFIG: Config = Config {
     nr_brk: u32::MAX,
     nr_mremap: u32::MAX,
     fault_stack_every: 8,
-    _pad: 0,
+    // No process has this id; the loader writes sysprof's own.
+    self_tgid: u32::MAX,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

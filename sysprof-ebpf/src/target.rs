@@ -19,6 +19,10 @@ use crate::{
 #[inline(always)]
 pub fn is_current_target(tgid: u32) -> bool {
     let config = config();
+    if tgid == config.self_tgid {
+        // sysprof is its own target only while it put itself in TARGETS (probe calibration).
+        return is_target_process(tgid);
+    }
     match config.filter {
         filter::ALL => true,
         filter::CGROUP => {
@@ -66,7 +70,7 @@ static TARGET_CACHE: PerCpuArray<TargetCache> = PerCpuArray::with_max_entries(1,
 /// loop pays for the target lookup once, not per call.
 #[inline(always)]
 pub fn is_current_target_cached(tgid: u32) -> bool {
-    if config().filter == filter::ALL {
+    if config().filter == filter::ALL && tgid != config().self_tgid {
         return true;
     }
     let (Some(cache), Some(generation)) = (TARGET_CACHE.get_ptr_mut(0), TARGETS_GENERATION.get(0)) else {

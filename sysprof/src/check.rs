@@ -40,8 +40,9 @@ pub fn run(json: bool, nvml_library: Option<&Path>) -> anyhow::Result<u8> {
         Err(line) => Finding { name: "NVML", status: "missing", detail: line },
     });
     let fatal = findings.iter().any(|f| f.status == "fail");
+    let mut text = String::new();
     if json {
-        println!("{}", serde_json::to_string_pretty(&findings)?);
+        text = format!("{}\n", serde_json::to_string_pretty(&findings)?);
     } else {
         for finding in &findings {
             let mark = match finding.status {
@@ -50,36 +51,40 @@ pub fn run(json: bool, nvml_library: Option<&Path>) -> anyhow::Result<u8> {
                 "skipped" => "skipped",
                 _ => "FAIL   ",
             };
-            println!("{mark}  {:<22} {}", finding.name, finding.detail);
+            text.push_str(&format!("{mark}  {:<22} {}\n", finding.name, finding.detail));
         }
-        println!();
-        println!(
-            "{}",
-            if fatal {
-                "sysprof cannot trace here: fix the FAIL lines above."
-            } else {
-                "sysprof can trace here."
-            }
-        );
+        text.push('\n');
+        text.push_str(if fatal {
+            "sysprof cannot trace here: fix the FAIL lines above.\n"
+        } else {
+            "sysprof can trace here.\n"
+        });
     }
+    crate::terminal::stdout_text(&text);
     Ok(u8::from(fatal))
 }
 
 /// Every check, in the order a user fixes them.
 pub fn findings() -> Vec<Finding> {
     let mut findings = vec![kernel_version(), privileges_finding(), btf_finding(), paranoid_finding()];
+    // From the mount table: a non-root user cannot list a tracefs mounted with mode 0700.
+    let tracefs = mount_point("tracefs");
     findings.push(presence(
         "tracefs",
-        Path::new("/sys/kernel/tracing/events").exists(),
-        "mounted at /sys/kernel/tracing",
+        tracefs.is_some(),
+        &format!("mounted at {} (not needed)", tracefs.unwrap_or_default()),
         "not mounted (not needed: sysprof uses raw tracepoints, perf events and uprobes)",
     ));
-    findings.push(presence(
-        "uprobes",
-        Path::new("/sys/bus/event_source/devices/uprobe/type").exists(),
-        "uprobe PMU present",
-        "no uprobe PMU: function probes unavailable (kernel built without CONFIG_UPROBE_EVENTS)",
-    ));
+    let uprobe_pmu = Path::new("/sys/bus/event_source/devices/uprobe/type").exists();
+    if !uprobe_pmu {
+        findings.push(Finding {
+            name: "uprobes",
+            status: "missing",
+            detail: "no uprobe PMU: --malloc, --func and GPU probes unavailable (kernel built without \
+                     CONFIG_UPROBE_EVENTS)"
+                .into(),
+        });
+    }
     findings.push(presence(
         "kprobes",
         Path::new("/sys/bus/event_source/devices/kprobe/type").exists(),
@@ -90,7 +95,13 @@ pub fn findings() -> Vec<Finding> {
         Ok(root) => Finding {
             name: "cgroup v2",
             status: "ok",
-            detail: format!("mounted at {} (--cgroup, --unit work)", root.display()),
+            detail: match init_system() {
+                None => format!("mounted at {} (--cgroup and --unit work)", root.display()),
+                Some(init) => format!(
+                    "mounted at {} (--cgroup works; --unit needs systemd, and pid 1 is {init})",
+                    root.display()
+                ),
+            },
         },
         Err(_) => Finding {
             name: "cgroup v2",
@@ -99,9 +110,13 @@ pub fn findings() -> Vec<Finding> {
         },
     });
     if privileges::can_trace() {
-        findings.extend(bpf_findings());
+        findings.extend(bpf_findings(uprobe_pmu));
     } else {
-        for name in ["BPF load", "perf events", "raw tracepoints", "hardware PMU", "BPF statistics"] {
+        let uprobes = uprobe_pmu.then_some("uprobes");
+        for name in ["BPF load", "perf events", "raw tracepoints", "hardware PMU", "BPF statistics"]
+            .into_iter()
+            .chain(uprobes)
+        {
             findings.push(Finding {
                 name,
                 status: "skipped",
@@ -110,6 +125,24 @@ pub fn findings() -> Vec<Finding> {
         }
     }
     findings
+}
+
+/// Where a filesystem of `fs_type` is mounted, from /proc/self/mountinfo.
+fn mount_point(fs_type: &str) -> Option<String> {
+    let mounts = procfs::process::Process::myself().and_then(|me| me.mountinfo()).ok()?;
+    mounts.into_iter().find(|m| m.fs_type == fs_type).map(|m| m.mount_point.display().to_string())
+}
+
+/// `None` when systemd runs the machine (what `--unit` needs), else pid 1's name.
+fn init_system() -> Option<String> {
+    if Path::new("/run/systemd/system").is_dir() {
+        return None;
+    }
+    Some(
+        std::fs::read_to_string("/proc/1/comm")
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into()),
+    )
 }
 
 fn presence(name: &'static str, present: bool, ok: &str, missing: &str) -> Finding {
@@ -188,8 +221,8 @@ fn paranoid_finding() -> Finding {
 }
 
 /// Loads and attaches sysprof's own programs, then detaches them.
-fn bpf_findings() -> Vec<Finding> {
-    let quiet_config = Config { filter: filter::TARGETS, ..Config::default() };
+fn bpf_findings(uprobe_pmu: bool) -> Vec<Finding> {
+    let quiet_config = Config { filter: filter::TARGETS, self_tgid: std::process::id(), ..Config::default() };
     let mut findings = Vec::new();
     let mut probes = match Probes::load(&quiet_config, MapSizes { stacks: 64, live_allocations: 1 }) {
         Ok(probes) => {
@@ -229,6 +262,20 @@ fn bpf_findings() -> Vec<Finding> {
         },
         Err(error) => Finding { name: "page-fault events", status: "fail", detail: format!("{error:#}") },
     });
+    if uprobe_pmu {
+        findings.push(match attach_own_uprobe(&mut probes) {
+            Ok(()) => Finding {
+                name: "uprobes",
+                status: "ok",
+                detail: "a uprobe attaches (--malloc, --func and GPU probes work)".into(),
+            },
+            Err(error) => Finding {
+                name: "uprobes",
+                status: "missing",
+                detail: format!("{error:#}: --malloc, --func and GPU probes will not attach"),
+            },
+        });
+    }
     findings.push(if probes.stats_available() {
         Finding {
             name: "BPF statistics",
@@ -259,4 +306,15 @@ fn bpf_findings() -> Vec<Finding> {
         },
     );
     findings
+}
+
+/// Attaches the call programs to a function of sysprof's own, as `--func` would.
+fn attach_own_uprobe(probes: &mut Probes) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let exe = std::env::current_exe().context("locating sysprof's own binary")?;
+    let symbol = "sysprof_probe_calibration";
+    let offset = *crate::uprobes::elf::exported_functions(&exe)?
+        .get(symbol)
+        .with_context(|| format!("sysprof's binary lost its symbol {symbol} (stripped?)"))?;
+    probes.attach_call(&exe, offset, u64::from(crate::uprobes::calibrate::CALIBRATION_ID))
 }

@@ -49,7 +49,13 @@ Examples:
   sudo sysprof trace --malloc -- ./server          heap profiling too (allocator probes)
 
 Results go to ./profile_output/: cpu.svg, offcpu.svg, faults.svg (alloc.svg with --malloc),
-their .folded stacks, report.md, report.json. Ctrl-C ends the trace early and still writes everything.";
+their .folded stacks, report.md, report.json. Ctrl-C, SIGTERM or a lost terminal (SIGHUP) ends the
+trace early and still writes everything; -- CMD and what it started are then ended too.
+
+Through sudo, sysprof acts for you, not as root: -- CMD runs as you; the results are created as
+you, in a directory that is yours (or root's) and that you can write; files you name (--func BIN,
+--cuda-lib, --nccl-lib) are opened only if you can read them; --nvml-lib loads only a library
+that root owns and no one else can change; --as-root is refused.";
 
 /// `sysprof trace` options.
 #[derive(Debug, Args)]
@@ -64,7 +70,8 @@ pub struct TraceArgs {
     pub all: bool,
 
     /// Processes whose command name (/proc/PID/comm) is NAME, including ones that start later
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["cgroup", "unit", "command"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["cgroup", "unit", "command"],
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub comm: Option<String>,
 
     /// Tasks in a cgroup v2 (a path under its mount, or absolute), filtered in the kernel
@@ -76,7 +83,7 @@ pub struct TraceArgs {
     pub unit: Option<String>,
 
     /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C or until CMD exits
-    #[arg(short, long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
 
     /// On-CPU samples per second, per CPU
@@ -92,9 +99,10 @@ pub struct TraceArgs {
     #[arg(long, value_enum, value_delimiter = ',', value_name = "FAMILY")]
     pub focus: Vec<Family>,
 
-    /// Distinct stacks the kernel can hold; stacks beyond it are counted as lost
+    /// Distinct stacks the kernel can hold; stacks beyond it are counted as lost (each takes
+    /// about 1 KiB of kernel memory for the run)
     #[arg(long, value_name = "N", default_value_t = sysprof_common::capacity::STACKS,
-          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+          value_parser = clap::value_parser!(u32).range(1..=MAX_STACK_STORAGE))]
     pub stack_storage_size: u32,
 
     /// Time every syscall; by default, past 32 calls in one stretch on a CPU, a thread has 1
@@ -128,7 +136,7 @@ pub struct TraceArgs {
     pub malloc: bool,
 
     /// How often each target's memory (RSS by kind, swap) is read
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_memory_interval)]
     pub memory_interval: Duration,
 
     /// Time a function of the target: BIN is a path, or the name of a binary or library the
@@ -144,7 +152,9 @@ pub struct TraceArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Run CMD as root even when sysprof runs through sudo (default: as the invoking user)
+    /// Run CMD as root: refused through sudo, where CMD always runs as the invoking user (a
+    /// sudo rule for sysprof must not run anything else as root); without sudo CMD runs as
+    /// whoever runs sysprof
     #[arg(long)]
     pub as_root: bool,
 
@@ -180,16 +190,8 @@ impl TraceArgs {
     /// The trace these arguments ask for.
     pub fn into_config(self) -> Result<TraceConfig, UsageError> {
         let target = self.target()?;
-        if let Some(duration) = self.duration
-            && duration.is_zero()
-        {
-            return Err(UsageError("--duration must be more than 0".into()));
-        }
-        if self.memory_interval < Duration::from_millis(10) {
-            return Err(UsageError("--memory-interval must be at least 10ms".into()));
-        }
         if self.malloc && !self.focus.is_empty() && !self.focus.contains(&Family::Memory) {
-            return Err(UsageError("--malloc needs the memory family: add memory to --focus".into()));
+            return Err(UsageError("error: --malloc needs the memory family: add memory to --focus".into()));
         }
         Ok(TraceConfig {
             target,
@@ -226,9 +228,9 @@ impl TraceArgs {
             return Ok(Target::Unit(unit.clone()));
         }
         match (&self.comm, self.pid.is_empty()) {
-            (Some(_), false) => {
-                Err(UsageError("--comm and --pid cannot be combined: profile by name or by pid".into()))
-            }
+            (Some(_), false) => Err(UsageError(
+                "error: --comm and --pid cannot be combined: profile by name or by pid".into(),
+            )),
             (Some(name), true) => Ok(Target::Comm(name.clone())),
             (None, false) => Ok(Target::Pids(self.pid.clone())),
             (None, true) => Err(UsageError(format!(
@@ -237,6 +239,18 @@ impl TraceArgs {
             ))),
         }
     }
+}
+
+/// The largest `--stack-storage-size`: 256 MiB of kernel memory.
+const MAX_STACK_STORAGE: i64 = 262_144;
+
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).and_then(|d| if d.is_zero() { Err("must be more than 0".into()) } else { Ok(d) })
+}
+
+fn parse_memory_interval(text: &str) -> Result<Duration, String> {
+    parse_duration(text)
+        .and_then(|d| if d < Duration::from_millis(10) { Err("must be at least 10ms".into()) } else { Ok(d) })
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -292,7 +306,10 @@ mod tests {
         assert_eq!(config.duration, Some(Duration::from_secs(90)));
         let config = parse(&["sysprof", "trace", "--all", "-d", "2.5"]).unwrap();
         assert_eq!(config.duration, Some(Duration::from_millis(2500)));
-        assert!(parse(&["sysprof", "trace", "--all", "-d", "0"]).is_err());
+        let zero = parse(&["sysprof", "trace", "--all", "-d", "0s"]).unwrap_err();
+        assert!(zero.starts_with("error: invalid value '0s' for '--duration"), "{zero}");
+        let interval = parse(&["sysprof", "trace", "--all", "--memory-interval", "1ms"]).unwrap_err();
+        assert!(interval.starts_with("error: invalid value '1ms' for '--memory-interval"), "{interval}");
         assert!(parse(&["sysprof", "trace", "--all", "-d", "soon"]).is_err());
     }
 
@@ -326,6 +343,13 @@ mod tests {
         assert!(parse(&["sysprof", "trace", "--all", "--malloc", "--focus", "memory"]).is_ok());
         let error = parse(&["sysprof", "trace", "--all", "--malloc", "--focus", "cpu"]).unwrap_err();
         assert!(error.contains("add memory to --focus"), "{error}");
+    }
+
+    #[test]
+    fn empty_names_and_huge_stack_maps_are_refused() {
+        assert!(parse(&["sysprof", "trace", "--comm", ""]).unwrap_err().starts_with("error: "));
+        assert!(parse(&["sysprof", "trace", "--all", "--stack-storage-size", "1048576"]).is_err());
+        assert!(parse(&["sysprof", "trace", "--all", "--stack-storage-size", "262144"]).is_ok());
     }
 
     #[test]

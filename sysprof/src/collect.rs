@@ -2,7 +2,11 @@
 //! (to snapshot memory maps), keeps the status line fresh, and waits for the end of the trace:
 //! the duration, Ctrl-C or SIGTERM, the command's exit, or the last target's exit.
 
-use std::time::{Duration, Instant};
+use std::{
+    process::ExitStatus,
+    sync::{Arc, Mutex, OnceLock},
+    time::{Duration, Instant},
+};
 
 use aya::maps::{MapData, RingBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -10,21 +14,29 @@ use sysprof_common::{CallEvent, Counter, ProcessEvent};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{Signal, SignalKind, signal},
-    sync::oneshot,
+    sync::Notify,
 };
 
 use crate::{
-    funcs::FuncTracer, gpu::GpuTracer, memory::heap::HeapTracer, output::thousands, probes::Probes,
-    procs::ProcessTable, selfcost::StatsWindows, target,
+    funcs::FuncTracer,
+    gpu::GpuTracer,
+    launch::CommandWatch,
+    memory::heap::HeapTracer,
+    output::thousands,
+    probes::Probes,
+    procs::ProcessTable,
+    selfcost::StatsWindows,
+    terminal::{say, stderr_line},
 };
 
 /// Why the trace ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EndReason {
     Duration,
-    /// SIGINT or SIGTERM, by name.
-    Signal(&'static str),
-    CommandExited(std::process::ExitStatus),
+    /// SIGINT, SIGTERM or SIGHUP.
+    Signal(StopSignal),
+    /// `-- CMD` exited, and so had every process it started.
+    CommandExited,
     /// Every target process (`--pid`) exited.
     TargetsExited,
 }
@@ -33,8 +45,8 @@ impl EndReason {
     pub fn describe(&self) -> String {
         match self {
             EndReason::Duration => "duration".into(),
-            EndReason::Signal(name) => format!("{name} (interrupted)"),
-            EndReason::CommandExited(_) => "command exit".into(),
+            EndReason::Signal(signal) => format!("{} (interrupted)", signal.name()),
+            EndReason::CommandExited => "command exit".into(),
             EndReason::TargetsExited => "target exit (all target processes exited)".into(),
         }
     }
@@ -43,25 +55,138 @@ impl EndReason {
 /// When to stop, besides a signal.
 pub struct StopPlan {
     pub duration: Option<Duration>,
-    /// Resolves when `-- CMD` exits.
-    pub command_exit: Option<oneshot::Receiver<std::process::ExitStatus>>,
+    /// `-- CMD`: the trace lasts while it or any process it started runs.
+    pub command: Option<CommandWatch>,
     /// Stop once no target process is left (`--pid`).
     pub stop_when_targets_exit: bool,
 }
 
-/// The signal streams, registered before the trace starts so that Ctrl-C is never the default
-/// (kill) action once probes are attached; kept after the trace to catch a second Ctrl-C.
-pub struct Signals {
-    pub interrupt: Signal,
-    pub terminate: Signal,
+/// The signals that end a trace early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopSignal {
+    Interrupt,
+    Terminate,
+    /// A lost terminal or ssh session.
+    Hangup,
 }
 
-impl Signals {
+impl StopSignal {
+    pub fn name(self) -> &'static str {
+        match self {
+            StopSignal::Interrupt => "SIGINT",
+            StopSignal::Terminate => "SIGTERM",
+            StopSignal::Hangup => "SIGHUP",
+        }
+    }
+
+    /// The exit code of a run it interrupted: 128 + the signal, as shells report it.
+    pub fn exit_code(self) -> u8 {
+        128 + match self {
+            StopSignal::Interrupt => libc::SIGINT,
+            StopSignal::Terminate => libc::SIGTERM,
+            StopSignal::Hangup => libc::SIGHUP,
+        } as u8
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught from the very start so that none of them kills sysprof
+/// with probes attached and nothing written. The first asks the trace to stop (start-up code
+/// polls [`Stop::requested`], the collect loop awaits [`Stop::stopped`]); a second one leaves at
+/// once, after killing what sysprof launched ([`Stop::launched`]).
+#[derive(Clone)]
+pub struct Stop {
+    inner: Arc<StopState>,
+}
+
+struct StopState {
+    first: OnceLock<StopSignal>,
+    notify: Notify,
+    /// Processes sysprof started (`-- CMD` and its family), with their start times, killed if
+    /// sysprof must leave at once.
+    launched: Mutex<Vec<(u32, Option<u64>)>>,
+}
+
+impl Stop {
+    /// Installs the handlers (on the runtime's signal driver) and the task that watches them.
     pub fn register() -> anyhow::Result<Self> {
-        Ok(Signals {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-        })
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        // Started under nohup, sysprof keeps ignoring hangups, as its user asked.
+        let mut hangup =
+            if signal_ignored(libc::SIGHUP) { None } else { Some(signal(SignalKind::hangup())?) };
+        let stop = Stop {
+            inner: Arc::new(StopState {
+                first: OnceLock::new(),
+                notify: Notify::new(),
+                launched: Mutex::new(Vec::new()),
+            }),
+        };
+        let state = stop.inner.clone();
+        tokio::spawn(async move {
+            loop {
+                let received = tokio::select! {
+                    _ = interrupt.recv() => StopSignal::Interrupt,
+                    _ = terminate.recv() => StopSignal::Terminate,
+                    Some(()) = recv_optional(&mut hangup) => StopSignal::Hangup,
+                };
+                if state.first.set(received).is_ok() {
+                    state.notify.notify_one();
+                    continue;
+                }
+                for &(pid, started) in state.launched.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                    // Only the very process recorded, not a later one with its pid.
+                    if started.is_some() && crate::procs::start_ticks(pid) == started {
+                        // SAFETY: kill has no memory preconditions.
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    }
+                }
+                say!("{} again: exiting without writing the results", received.name());
+                std::process::exit(i32::from(received.exit_code()));
+            }
+        });
+        Ok(stop)
+    }
+
+    /// The signal that asked the trace to stop, if one did.
+    pub fn requested(&self) -> Option<StopSignal> {
+        self.inner.first.get().copied()
+    }
+
+    /// Waits until a signal asks the trace to stop.
+    pub async fn stopped(&self) -> StopSignal {
+        loop {
+            // The flag, not the notification, is the truth: a permit consumed by a branch
+            // that lost a select! race is not a signal lost.
+            if let Some(signal) = self.requested() {
+                return signal;
+            }
+            self.inner.notify.notified().await;
+        }
+    }
+
+    /// Records processes sysprof launched, for a second signal to kill before leaving.
+    pub fn launched(&self, pids: &[u32]) {
+        let mut launched = self.inner.launched.lock().unwrap_or_else(|e| e.into_inner());
+        for &pid in pids {
+            if !launched.iter().any(|(known, _)| *known == pid) {
+                launched.push((pid, crate::procs::start_ticks(pid)));
+            }
+        }
+    }
+}
+
+fn signal_ignored(signo: i32) -> bool {
+    let mut current = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: a null new action only reads the current one into `current`.
+    let read = unsafe { libc::sigaction(signo, std::ptr::null(), current.as_mut_ptr()) } == 0;
+    // SAFETY: zeroed, then filled by the kernel when `read`.
+    read && unsafe { current.assume_init() }.sa_sigaction == libc::SIG_IGN
+}
+
+async fn recv_optional(signal: &mut Option<Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -69,6 +194,8 @@ impl Signals {
 /// terminal or with --quiet.
 pub struct StatusLine {
     bar: ProgressBar,
+    /// What the status adds after the counts ("the command's processes still run").
+    note: Mutex<Option<&'static str>>,
 }
 
 impl StatusLine {
@@ -79,17 +206,35 @@ impl StatusLine {
             ProgressStyle::with_template("{spinner} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
-        StatusLine { bar }
+        StatusLine { bar, note: Mutex::new(None) }
     }
 
     fn update(&self, elapsed: Duration, samples: u64, lost: u64) {
+        let note = self.note.lock().map(|note| *note).unwrap_or(None);
         self.bar.set_message(format!(
-            "tracing {:.1}s · {} samples · {} lost · Ctrl-C to stop",
+            "tracing {:.1}s · {} samples · {} lost · {}Ctrl-C to stop",
             elapsed.as_secs_f64(),
             thousands(samples),
-            thousands(lost)
+            thousands(lost),
+            note.map(|note| format!("{note} · ")).unwrap_or_default(),
         ));
         self.bar.tick();
+    }
+
+    /// Adds `note` to the status from now on.
+    fn set_note(&self, note: &'static str) {
+        if let Ok(mut current) = self.note.lock() {
+            *current = Some(note);
+        }
+    }
+
+    /// A line above the status (or just the line, without a terminal).
+    fn println(&self, line: &str) {
+        if self.bar.is_hidden() {
+            stderr_line(format_args!("{line}"));
+        } else {
+            self.bar.println(line);
+        }
     }
 
     pub fn finish(&self) {
@@ -148,17 +293,21 @@ pub struct Collected {
     pub elapsed: Duration,
     /// Share of the run the kernel's BPF statistics were on (see `selfcost::StatsWindows`).
     pub stats_coverage: f64,
+    /// `-- CMD`, and how it ended if it did (see [`CommandWatch::end`] for the rest).
+    pub command: Option<CommandWatch>,
 }
 
 /// Runs until the trace should end; returns why, and how long it ran.
+#[expect(clippy::too_many_arguments, reason = "the collect stage's inputs, each owned elsewhere")]
 pub async fn collect(
     probes: &mut Probes,
     events: RingBuf<MapData>,
     calls: &mut CallTracing,
     processes: &mut ProcessTable,
     mut plan: StopPlan,
-    signals: &mut Signals,
+    stop: &Stop,
     status: &StatusLine,
+    quiet: bool,
 ) -> anyhow::Result<Collected> {
     let started = Instant::now();
     let mut stats_windows = StatsWindows::start(probes);
@@ -177,14 +326,33 @@ pub async fn collect(
     let mut tick = tokio::time::interval(TICK);
     let mut last_status = started - STATUS_EVERY;
     let deadline = plan.duration.map(|d| tokio::time::Instant::from_std(started + d));
-    let mut command_exit = plan.command_exit.take();
+    let mut command = plan.command.take();
 
     let reason = loop {
         tokio::select! {
-            _ = signals.interrupt.recv() => break EndReason::Signal("SIGINT"),
-            _ = signals.terminate.recv() => break EndReason::Signal("SIGTERM"),
+            signal = stop.stopped() => break EndReason::Signal(signal),
             _ = sleep_until(deadline) => break EndReason::Duration,
-            status = wait(&mut command_exit) => break EndReason::CommandExited(status),
+            exit = wait(&mut command) => {
+                // Drain first: the fork events of what it left running may still be queued.
+                drain_events(events.get_mut(), processes);
+                let left = processes.running();
+                if left.is_empty() {
+                    break EndReason::CommandExited;
+                }
+                if !quiet {
+                    status.println(&format!(
+                        "sysprof: the command exited ({}); {} process{} it started still run{}: tracing until \
+                         {} (Ctrl-C to stop)",
+                        crate::launch::describe_exit(exit).0,
+                        left.len(),
+                        if left.len() == 1 { "" } else { "es" },
+                        if left.len() == 1 { "s" } else { "" },
+                        if left.len() == 1 { "it exits" } else { "they exit" },
+                    ));
+                }
+                status.set_note("the command's processes still run");
+                plan.stop_when_targets_exit = true;
+            }
             guard = events.readable_mut() => {
                 let mut guard = guard?;
                 drain_events(guard.get_inner_mut(), processes);
@@ -202,8 +370,15 @@ pub async fn collect(
                 stats_windows.tick(probes);
                 if last_status.elapsed() >= STATUS_EVERY {
                     last_status = Instant::now();
-                    if plan.stop_when_targets_exit && !processes.live_pids().any(target::process_alive) {
-                        break EndReason::TargetsExited;
+                    if plan.stop_when_targets_exit && processes.running().is_empty() {
+                        break match &command {
+                            Some(_) => EndReason::CommandExited,
+                            None => EndReason::TargetsExited,
+                        };
+                    }
+                    if let Some(command) = &command {
+                        stop.launched(&processes.running());
+                        stop.launched(&[command.pid]);
                     }
                     if let Ok(counters) = probes.counters() {
                         let lost = Counter::ALL
@@ -223,7 +398,7 @@ pub async fn collect(
         drain_calls(ring.get_mut(), calls);
     }
     let stats_coverage = stats_windows.finish(probes);
-    Ok(Collected { ended_by: reason, elapsed: started.elapsed(), stats_coverage })
+    Ok(Collected { ended_by: reason, elapsed: started.elapsed(), stats_coverage, command })
 }
 
 fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) {
@@ -264,27 +439,10 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-async fn wait(exit: &mut Option<oneshot::Receiver<std::process::ExitStatus>>) -> std::process::ExitStatus {
-    match exit {
-        Some(receiver) => match receiver.await {
-            Ok(status) => status,
-            // The waiting thread is gone without a status: never end the trace for that.
-            Err(_) => {
-                *exit = None;
-                std::future::pending().await
-            }
-        },
+/// Resolves once, when the command exits; never again after that.
+async fn wait(command: &mut Option<CommandWatch>) -> ExitStatus {
+    match command {
+        Some(command) => command.exited().await,
         None => std::future::pending().await,
     }
-}
-
-/// Waits for `child` on a thread and reports its status through the returned receiver.
-pub fn watch_child(mut child: std::process::Child) -> oneshot::Receiver<std::process::ExitStatus> {
-    let (sender, receiver) = oneshot::channel();
-    std::thread::spawn(move || {
-        if let Ok(status) = child.wait() {
-            let _ = sender.send(status);
-        }
-    });
-    receiver
 }

@@ -15,6 +15,12 @@ pub enum Error {
     #[error("no process with pid {0}: check it with `ps -p {0}`")]
     NoSuchProcess(u32),
 
+    /// `--pid` names sysprof's own process.
+    #[error(
+        "pid {0} is sysprof itself: sysprof never profiles itself (its cost is in the report's own section)"
+    )]
+    TargetIsSysprof(u32),
+
     /// The output directory cannot hold the results.
     #[error("cannot write results to {}: {reason}; choose another directory with -o DIR", path.display())]
     OutputDir { path: PathBuf, reason: String },
@@ -56,6 +62,28 @@ pub enum Error {
         "the kernel refused BPF program {program}: {reason} (kernel {kernel}); please report this with `sysprof check` output"
     )]
     ProgramRejected { program: String, reason: String, kernel: String },
+
+    /// `--as-root` through sudo: a sudo rule for sysprof alone must not become root for anything.
+    #[error(
+        "--as-root is refused through sudo: it would run any command as root for {user}; sysprof runs -- CMD as \
+         {user}. To trace a root command, start it as root yourself and use --pid"
+    )]
+    AsRootUnderSudo { user: String },
+
+    /// Through sudo, a file the user named that they cannot read themselves.
+    #[error(
+        "{user} cannot read {}: through sudo, sysprof opens only files the user who ran it can read",
+        path.display()
+    )]
+    NotReadableByUser { path: PathBuf, user: String },
+
+    /// A library to load as root that someone other than root could change.
+    #[error("refusing to load {reason}")]
+    UntrustedLibrary { reason: String },
+
+    /// A signal arrived while the probes were being attached, before `-- CMD` started.
+    #[error("{signal} during start-up: the command was not started and nothing was traced")]
+    InterruptedAtStart { signal: &'static str, code: u8 },
 
     /// The kernel lacks a feature the requested probes need.
     #[error("{feature} is not available on this kernel: {fix}")]

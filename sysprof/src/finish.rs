@@ -14,6 +14,7 @@ use crate::{
     config::{Family, Target, TraceConfig},
     gpu::{self, report::GpuReport},
     launch,
+    launch::CommandEnd,
     memory::{
         self,
         profiles::AllocSite,
@@ -21,7 +22,7 @@ use crate::{
         report::MemoryReport,
     },
     nvml::{self, report::GpuMetricsReport},
-    output::{Artifact, OutputDir, thousands},
+    output::{self, Artifact, OutputDir, Rendered, thousands},
     probes::{
         AttachedProbe, Counters, CpuSamples, Detaching, MemoryDump, Probes, ProgramCost, SchedDump,
         SyscallDump,
@@ -32,6 +33,7 @@ use crate::{
     sched, selfcost,
     symbolize::Symbolizer,
     syscalls,
+    terminal::{say, stderr_line},
     trace::TraceOutcome,
 };
 
@@ -45,7 +47,8 @@ pub(crate) struct Window {
     /// CLOCK_MONOTONIC at the end, for threads still on a CPU then.
     pub end_ns: u64,
     pub ended_by: EndReason,
-    pub is_command: bool,
+    /// How `-- CMD` ended, when there is one.
+    pub command: Option<CommandEnd>,
     pub machine_busy_share: Option<f64>,
     /// Share of the run the kernel's BPF statistics were on.
     pub stats_coverage: f64,
@@ -90,7 +93,7 @@ impl Finish {
             config,
             probes,
             mut processes,
-            output,
+            mut output,
             mut limitations,
             window,
             calls,
@@ -165,8 +168,9 @@ impl Finish {
             limitations.extend(memory::report::limitations(memory, &processes));
         }
 
-        // Write.
-        let mut files = profiles.write(&output, &config)?;
+        // Rendered in memory, written after the report (see below).
+        let profile_files = profiles.render(&config)?;
+        let mut files: Vec<String> = profile_files.iter().map(|f| f.name.clone()).collect();
         files.extend(["report.md".to_string(), "report.json".to_string()]);
 
         let lost = lost(&kernel.counters);
@@ -176,13 +180,12 @@ impl Finish {
                 thousands(lost.total())
             ));
         }
-        let (command_status, exit_code) = match &window.ended_by {
-            EndReason::CommandExited(status) => {
-                let (text, code) = launch::describe_exit(*status);
+        let (command_status, exit_code) = match &window.command {
+            Some(end) => {
+                let (text, code) = launch::describe_end(end, &window.ended_by);
                 (Some(text), code)
             }
-            _ if window.is_command => (Some("still running when the trace ended".to_string()), 0),
-            _ => (None, 0),
+            None => (None, 0),
         };
         let cpus = aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1);
         let sched =
@@ -252,19 +255,97 @@ impl Finish {
                 detach: kernel.detach.wait(),
             },
         };
-        output.write(&Artifact::Report(&report))?;
+        let (report, written) = write_all(&mut output, report, profile_files)?;
+        let removed = output.remove_stale(&written.written);
 
         if !config.quiet {
-            print_summary(&output, &files, &report, &profiles.cpu);
+            print_summary(&output, &written, &removed, &report, &profiles.cpu);
         }
+        // Said even with --quiet: results that are missing are never a quiet matter.
+        let mut reasons: Vec<&str> = written.failed.iter().map(|(_, reason)| reason.as_str()).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        for reason in reasons {
+            let names: Vec<&str> =
+                written.failed.iter().filter(|(_, r)| r == reason).map(|(name, _)| name.as_str()).collect();
+            stderr_line(format_args!(
+                "error: could not write {} in {}: {reason}; free space there or choose another directory with -o DIR",
+                names.join(", "),
+                output.path().display()
+            ));
+        }
+        let exit_code = if written.failed.is_empty() || exit_code != 0 { exit_code } else { 1 };
         Ok(TraceOutcome {
             exit_code,
             output_dir: output.path().to_path_buf(),
-            files,
+            files: written.written,
+            unwritten: written.failed,
             samples: report.run.samples,
             lost: lost.total(),
         })
     }
+}
+
+/// Writes the report first (on a full disk it is what must survive), then the folded stacks,
+/// then the flamegraphs. Files that will not fit in the room the disk has are left out before
+/// anything is written, so the report, written first, already says which; a write that fails
+/// anyway gets the report written again, as far as the disk allows (each file is replaced
+/// whole or not at all, so the first report stays intact).
+fn write_all(
+    output: &mut OutputDir,
+    mut report: Report,
+    mut profiles: Vec<Rendered>,
+) -> anyhow::Result<(Report, output::Written)> {
+    profiles.sort_by_key(|file| file.name.ends_with(".svg"));
+    let mut skipped = Vec::new();
+    if let Some((free, block)) = output.room() {
+        let on_disk = |bytes: usize| (bytes as u64).div_ceil(block).max(1) * block;
+        // The report as it is now, and room for the lines this adds to it.
+        let reports: u64 =
+            output::render(&Artifact::Report(&report))?.iter().map(|f| on_disk(f.bytes.len()) + block).sum();
+        let mut left = free.saturating_sub(reports);
+        profiles.retain(|file| {
+            let needs = on_disk(file.bytes.len());
+            let fits = needs <= left;
+            if fits {
+                left -= needs;
+            } else {
+                skipped.push(format!(
+                    "{} could not be written: it needs {} and {} had {} free",
+                    file.name,
+                    output::bytes(needs),
+                    output.path().display(),
+                    output::bytes(free)
+                ));
+            }
+            fits
+        });
+    }
+    let planned: Vec<&str> = profiles.iter().map(|f| f.name.as_str()).collect();
+    report.run.outputs.retain(|name| name.starts_with("report.") || planned.contains(&name.as_str()));
+    report.limitations.extend(skipped.iter().cloned());
+    let mut files = output::render(&Artifact::Report(&report))?;
+    files.extend(profiles);
+    let mut written = output.write(&files);
+    if !written.failed.is_empty() || !written.notes.is_empty() {
+        report.limitations.extend(written.notes.iter().cloned());
+        for (name, reason) in &written.failed {
+            report.limitations.push(format!("{name} could not be written: {reason}"));
+        }
+        report.run.outputs.retain(|name| written.written.contains(name));
+        let again = output.write(&output::render(&Artifact::Report(&report))?);
+        for name in again.written {
+            if !written.written.contains(&name) {
+                written.written.push(name.clone());
+                written.failed.retain(|(failed, _)| *failed != name);
+            }
+        }
+    }
+    for line in skipped {
+        let (name, reason) = line.split_once(" could not be written: ").unwrap_or((&line, ""));
+        written.failed.push((name.to_string(), reason.to_string()));
+    }
+    Ok((report, written))
 }
 
 /// Every stack profile of the run, symbolized.
@@ -292,8 +373,8 @@ impl Profiles {
         Profiles { cpu, offcpu, faults, alloc, alloc_sites }
     }
 
-    /// Writes each profile as folded stacks and a flamegraph; returns the file names.
-    fn write(&self, output: &OutputDir, config: &TraceConfig) -> anyhow::Result<Vec<String>> {
+    /// Each profile as folded stacks and a flamegraph.
+    fn render(&self, config: &TraceConfig) -> anyhow::Result<Vec<Rendered>> {
         let target = &config.target;
         let cpu = config.wants(Family::Cpu).then_some(&self.cpu);
         let stacks = [
@@ -305,7 +386,7 @@ impl Profiles {
         let mut files = Vec::new();
         for (name, title, profile) in stacks {
             if let Some(profile) = profile {
-                files.extend(output.write(&Artifact::Stacks { name, title: &title, profile })?);
+                files.extend(output::render(&Artifact::Stacks { name, title: &title, profile })?);
             }
         }
         Ok(files)
@@ -352,18 +433,17 @@ impl Ranked<'_> {
     }
 }
 
-/// What the uprobe tracers could not do, one line each.
+/// What the uprobe tracers could not do, one line each, also said on the terminal: a probe
+/// that did not attach must not pass for a function that was never called.
 fn tracer_limitations(config: &TraceConfig, calls: &CallTracing) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(tracer) = &calls.gpu {
         lines.extend(tracer.problems.iter().cloned());
         if tracer.libraries.is_empty() {
-            let line =
-                "no CUDA runtime, driver or NCCL library was mapped by the target: no GPU calls traced";
-            if !config.quiet {
-                eprintln!("sysprof: {line}");
-            }
-            lines.push(line.to_string());
+            lines.push(
+                "no CUDA runtime, driver or NCCL library was mapped by the target: no GPU calls traced"
+                    .into(),
+            );
         }
     }
     if let Some(heap) = &calls.heap {
@@ -376,6 +456,11 @@ fn tracer_limitations(config: &TraceConfig, calls: &CallTracing) -> Vec<String> 
     }
     lines.extend(calls.funcs.problems.iter().cloned());
     lines.extend(calls.funcs.unresolved());
+    if !config.quiet {
+        for line in &lines {
+            say!("{line}");
+        }
+    }
     lines
 }
 
@@ -446,25 +531,42 @@ fn lost(counters: &Counters) -> Lost {
     }
 }
 
-fn print_summary(output: &OutputDir, files: &[String], report: &Report, cpu: &StackProfile) {
+fn print_summary(
+    output: &OutputDir,
+    written: &output::Written,
+    removed: &[String],
+    report: &Report,
+    cpu: &StackProfile,
+) {
     let dir = output.path().display();
     if let Some(status) = &report.run.command_status {
-        eprintln!("sysprof: command: {status}");
+        say!("command: {status}");
     }
-    let paths: Vec<String> = files.iter().map(|f| format!("{dir}/{f}")).collect();
-    eprintln!(
-        "Wrote {} ({} samples, {} lost).",
-        paths.join(", "),
-        thousands(report.run.samples),
-        thousands(report.run.lost.total())
-    );
+    for note in &written.notes {
+        say!("{note}");
+    }
+    if !removed.is_empty() {
+        say!("removed the files of an earlier run that this one did not write: {}", removed.join(", "));
+    }
+    if !written.written.is_empty() {
+        let paths: Vec<String> = written.written.iter().map(|f| format!("{dir}/{f}")).collect();
+        stderr_line(format_args!(
+            "Wrote {} ({} samples, {} lost).",
+            paths.join(", "),
+            thousands(report.run.samples),
+            thousands(report.run.lost.total())
+        ));
+    }
+    if !written.failed.is_empty() {
+        return;
+    }
     if cpu.total() > 0 {
-        eprintln!(
+        stderr_line(format_args!(
             "Open {dir}/cpu.svg in a browser; read {dir}/report.md for the hotspots and what to change first."
-        );
+        ));
     } else {
-        eprintln!(
+        stderr_line(format_args!(
             "No on-CPU samples of the target: it did not run on a CPU while traced. See {dir}/report.md."
-        );
+        ));
     }
 }

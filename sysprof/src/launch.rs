@@ -1,8 +1,10 @@
 //! Launches `-- CMD` held at a gate: the child exists (so its pid can join the in-kernel target
 //! set and the probes can attach) but runs none of CMD until the gate opens. Nothing CMD does,
-//! not even its first instructions or its first child, escapes the trace.
+//! not even its first instructions or its first child, escapes the trace. Then
+//! [`CommandWatch`] follows it to its exit and, when the trace ends first, ends it and what it
+//! started.
 //!
-//! Run through sudo, CMD runs as the invoking user with their groups, unless `--as-root`.
+//! Run through sudo, CMD runs as the invoking user with their groups.
 
 use std::{
     ffi::OsString,
@@ -12,13 +14,16 @@ use std::{
         unix::{fs::PermissionsExt as _, process::CommandExt as _},
     },
     path::{Path, PathBuf},
-    process::{Child, Command},
-    thread::JoinHandle,
+    process::{Command, ExitStatus},
+    sync::mpsc,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
 
-use crate::{error::Error, privileges::InvokingUser};
+use tokio::sync::oneshot;
+
+use crate::{collect::EndReason, error::Error, privileges::InvokingUser, procs::ProcessTable};
 
 /// A child created and waiting at the gate.
 pub struct GatedChild {
@@ -26,7 +31,9 @@ pub struct GatedChild {
     /// The program the child will exec.
     path: PathBuf,
     gate: std::fs::File,
-    spawner: JoinHandle<std::io::Result<Child>>,
+    /// The exec's outcome, from the thread that forked the child.
+    spawned: mpsc::Receiver<std::io::Result<()>>,
+    exit: oneshot::Receiver<ExitStatus>,
     program: String,
 }
 
@@ -50,12 +57,21 @@ impl GatedChild {
         // The child's copies of sysprof's ends: closed first thing, or a sysprof that dies
         // before opening the gate would leave the child waiting on a pipe it holds open itself.
         let (parent_pid_end, parent_gate_end) = (pid_reader.as_raw_fd(), gate_writer.as_raw_fd());
+        // Whether sysprof is still the parent after PR_SET_PDEATHSIG (else it died before).
+        let sysprof = std::process::id() as libc::pid_t;
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe system calls on memory allocated before the fork.
         unsafe {
             command.pre_exec(move || {
                 libc::close(parent_pid_end);
                 libc::close(parent_gate_end);
+                // Killed with sysprof (even by SIGKILL, which sysprof cannot catch). It fires
+                // when the forking thread ends, which is the one that waits for the command.
+                // Before the pid is sent, so before the probes see this child: the trace shows
+                // only what CMD does (the gate's read, and the identity change under sudo).
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 || libc::getppid() != sysprof {
+                    return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+                }
                 let pid = libc::getpid().to_ne_bytes();
                 if libc::write(pid_fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
                     return Err(std::io::Error::last_os_error());
@@ -66,10 +82,12 @@ impl GatedChild {
                     return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
                 }
                 // Groups, then group, then user: once the user is dropped the others cannot be.
+                // The identity change clears the parent-death signal: set it again.
                 if let Some((uid, gid, groups)) = &identity
                     && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                         || libc::setgid(*gid) != 0
-                        || libc::setuid(*uid) != 0)
+                        || libc::setuid(*uid) != 0
+                        || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0)
                 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -78,16 +96,28 @@ impl GatedChild {
         }
 
         // `spawn` returns only once the child has exec'd, which is after the gate opens, so it
-        // runs on its own thread while this one learns the pid.
-        let spawner = std::thread::spawn(move || {
+        // runs on its own thread while this one learns the pid; that thread then waits for it.
+        let (spawned_sender, spawned) = mpsc::channel();
+        let (exit_sender, exit) = oneshot::channel();
+        std::thread::spawn(move || {
             let result = command.spawn();
             drop((pid_writer, gate_reader));
-            result
+            match result {
+                Ok(mut child) => {
+                    let _ = spawned_sender.send(Ok(()));
+                    if let Ok(status) = child.wait() {
+                        let _ = exit_sender.send(status);
+                    }
+                }
+                Err(error) => {
+                    let _ = spawned_sender.send(Err(error));
+                }
+            }
         });
         let mut pid = [0u8; 4];
         let mut pid_reader = std::fs::File::from(pid_reader);
         if pid_reader.read_exact(&mut pid).is_err() {
-            let error = match spawner.join() {
+            let error = match spawned.recv() {
                 Ok(Err(error)) => error,
                 _ => std::io::Error::other("the child exited before reaching the gate"),
             };
@@ -97,7 +127,8 @@ impl GatedChild {
             pid: i32::from_ne_bytes(pid) as u32,
             path,
             gate: std::fs::File::from(gate_writer),
-            spawner,
+            spawned,
+            exit,
             program: program_text,
         })
     }
@@ -111,15 +142,101 @@ impl GatedChild {
         &self.path
     }
 
-    /// Opens the gate: the child execs CMD.
-    pub fn release(mut self) -> anyhow::Result<Child> {
+    /// Opens the gate: the child execs CMD. (Dropping a `GatedChild` instead closes the gate:
+    /// the child exits without running anything.)
+    pub fn release(mut self) -> anyhow::Result<CommandWatch> {
         self.gate.write_all(&[1]).context("releasing the command")?;
         drop(self.gate);
-        match self.spawner.join() {
-            Ok(Ok(child)) => Ok(child),
+        match self.spawned.recv() {
+            Ok(Ok(())) => Ok(CommandWatch { pid: self.pid, exit: Some(self.exit), status: None }),
             Ok(Err(error)) => Err(spawn_error(&self.program, error)),
-            Err(_) => anyhow::bail!("the thread launching {} panicked", self.program),
+            Err(_) => anyhow::bail!("the thread launching {} ended without a word", self.program),
         }
+    }
+}
+
+/// How long the processes of `-- CMD` get to exit on SIGTERM before they are killed, and then
+/// how long SIGKILL gets.
+const END_GRACE: Duration = Duration::from_secs(2);
+const KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// `-- CMD` while it runs: its pid, and its exit status once the thread that waits for it has
+/// it.
+#[derive(Debug)]
+pub struct CommandWatch {
+    pub pid: u32,
+    exit: Option<oneshot::Receiver<ExitStatus>>,
+    /// How it exited, once it did.
+    pub status: Option<ExitStatus>,
+}
+
+/// How `-- CMD` ended, for the report and the exit code.
+#[derive(Clone, Debug, Default)]
+pub struct CommandEnd {
+    pub status: Option<ExitStatus>,
+    /// When sysprof ended it because the trace ended first: the last signal it needed, and
+    /// how many processes (the command and what it started) were still running.
+    pub ended_by_sysprof: Option<(&'static str, usize)>,
+    /// The command itself (not only what it started) was still running then.
+    pub command_was_running: bool,
+}
+
+impl CommandWatch {
+    /// Resolves once, when the command exits; never again after that.
+    pub async fn exited(&mut self) -> ExitStatus {
+        let Some(exit) = &mut self.exit else { return std::future::pending().await };
+        let result = exit.await;
+        self.exit = None;
+        match result {
+            Ok(status) => {
+                self.status = Some(status);
+                status
+            }
+            // The waiting thread is gone without a status: never end the trace for that.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Ends what is left of the command when the trace ends before it does, as `perf record`
+    /// ends its workload: SIGTERM to the command and to every process it started that still
+    /// runs (`processes` holds them, as the kernel followed them), SIGKILL to what is left
+    /// after a grace period.
+    pub async fn end(mut self, processes: &ProcessTable) -> CommandEnd {
+        let running = self.running(processes);
+        let command_was_running = self.status.is_none();
+        if running.is_empty() {
+            return CommandEnd { status: self.status, ended_by_sysprof: None, command_was_running };
+        }
+        let mut last = "SIGTERM";
+        for (name, signal, grace) in
+            [("SIGTERM", libc::SIGTERM, END_GRACE), ("SIGKILL", libc::SIGKILL, KILL_GRACE)]
+        {
+            let left = self.running(processes);
+            if left.is_empty() {
+                break;
+            }
+            last = name;
+            for pid in left {
+                // SAFETY: kill has no memory preconditions. Each pid is the process seen (its
+                // start time matched just now), not a later one that reuses the number.
+                unsafe { libc::kill(pid as i32, signal) };
+            }
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline && !self.running(processes).is_empty() {
+                let _ = tokio::time::timeout(Duration::from_millis(20), self.exited()).await;
+            }
+        }
+        CommandEnd { status: self.status, ended_by_sysprof: Some((last, running.len())), command_was_running }
+    }
+
+    /// The command, until it exited, and the processes it started that still run.
+    fn running(&self, processes: &ProcessTable) -> Vec<u32> {
+        let mut pids = processes.running();
+        pids.retain(|&pid| pid != self.pid);
+        if self.status.is_none() {
+            pids.push(self.pid);
+        }
+        pids
     }
 }
 
@@ -136,6 +253,9 @@ fn resolve_program(program: &std::ffi::OsStr) -> Result<PathBuf, Error> {
     let Some(found) = candidates.into_iter().find(|path| path.exists()) else {
         return Err(Error::CommandNotFound(text));
     };
+    if found.is_dir() {
+        return Err(Error::CommandNotRunnable { program: text, reason: "it is a directory".into() });
+    }
     if !is_executable(&found) {
         return Err(Error::CommandNotRunnable {
             program: text,
@@ -154,6 +274,49 @@ fn spawn_error(program: &str, error: std::io::Error) -> anyhow::Error {
         std::io::ErrorKind::NotFound => Error::CommandNotFound(program.to_string()).into(),
         _ => Error::CommandNotRunnable { program: program.to_string(), reason: error.to_string() }.into(),
     }
+}
+
+/// How `-- CMD` ended, in words, and the exit code of sysprof's run: the command's own when it
+/// exited by itself; 128 + the signal when a signal to sysprof interrupted the run and sysprof
+/// ended the command; 0 when `--duration` ran out first.
+pub fn describe_end(end: &CommandEnd, ended_by: &EndReason) -> (String, u8) {
+    let own = end.status.map(describe_exit);
+    let Some((signal, count)) = end.ended_by_sysprof else {
+        return own.unwrap_or_else(|| ("still running when the trace ended".into(), 0));
+    };
+    let code = match ended_by {
+        EndReason::Signal(interrupt) => interrupt.exit_code(),
+        _ => own.as_ref().filter(|_| !end.command_was_running).map_or(0, |(_, code)| *code),
+    };
+    let others = count - usize::from(end.command_was_running);
+    let why = match ended_by {
+        EndReason::Signal(signal) => signal.name().to_string(),
+        EndReason::Duration => "--duration".to_string(),
+        other => other.describe(),
+    };
+    let plural = |n: usize| if n == 1 { "process" } else { "processes" };
+    let text = if end.command_was_running {
+        let what = match others {
+            0 => "it".to_string(),
+            n => format!("it and the {n} {} it started", plural(n)),
+        };
+        format!(
+            "still running when the trace ended ({why}): sysprof ended {what} with {signal}; the command {}",
+            own.map_or("did not report its status".to_string(), |(text, _)| {
+                match text.strip_prefix("exit status ") {
+                    Some(code) => format!("exited with status {code}"),
+                    None => format!("was {text}"),
+                }
+            }),
+        )
+    } else {
+        format!(
+            "{}; sysprof ended the {others} {} it left running with {signal} when the trace ended ({why})",
+            own.map_or_else(String::new, |(text, _)| text),
+            plural(others),
+        )
+    };
+    (text, code)
 }
 
 /// How a command ended, in words, and the exit code sysprof passes on (128 + signal when killed,
@@ -185,8 +348,9 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(!marker.exists(), "the command ran before the gate opened");
         let mut child = gated.release().unwrap();
-        assert_eq!(child.id(), pid);
-        assert!(child.wait().unwrap().success());
+        assert_eq!(child.pid, pid);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        assert!(runtime.block_on(child.exited()).success());
         // `sh -c` with one command execs it in place, so the pid written is the gated one.
         assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), pid.to_string());
     }
@@ -198,6 +362,27 @@ mod tests {
         let file = tempfile::NamedTempFile::new().unwrap();
         let error = GatedChild::spawn(&[file.path().as_os_str().to_owned()], None).err().unwrap();
         assert!(error.to_string().contains("permission denied"), "{error}");
+    }
+
+    #[test]
+    fn a_command_never_released_runs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let argv: Vec<OsString> =
+            vec!["sh".into(), "-c".into(), format!("echo x > {}", marker.display()).into()];
+        let gated = GatedChild::spawn(&argv, None).unwrap();
+        let pid = gated.pid();
+        drop(gated);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!marker.exists(), "an abandoned command ran");
+        assert!(!crate::target::process_alive(pid), "the gated child is still there");
+    }
+
+    #[test]
+    fn a_directory_is_not_a_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = GatedChild::spawn(&[dir.path().as_os_str().to_owned()], None).err().unwrap();
+        assert!(error.to_string().ends_with("it is a directory"), "{error}");
     }
 
     #[test]

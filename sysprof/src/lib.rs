@@ -43,6 +43,7 @@ pub mod selfcost;
 pub mod symbolize;
 pub mod syscalls;
 pub mod target;
+pub mod terminal;
 pub mod trace;
 pub mod uprobes;
 

@@ -3,7 +3,11 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use sysprof::cli::{Cli, Command};
+use sysprof::{
+    cli::{Cli, Command},
+    error::Error,
+    terminal::stderr_line,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -11,7 +15,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => match args.into_config() {
             Ok(config) => sysprof::trace(config).map(|outcome| outcome.exit_code),
             Err(usage) => {
-                eprintln!("{usage}");
+                stderr_line(format_args!("{usage}"));
                 return ExitCode::from(2);
             }
         },
@@ -22,8 +26,11 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
             // One line, the whole chain: "what failed: why", with the fix in the message.
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+            stderr_line(format_args!("error: {error:#}"));
+            match error.downcast_ref::<Error>() {
+                Some(Error::InterruptedAtStart { code, .. }) => ExitCode::from(*code),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

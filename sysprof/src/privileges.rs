@@ -1,7 +1,21 @@
-//! Privileges: whether sysprof may load BPF programs, and who the user behind `sudo` is (they
-//! own the output files and run `-- CMD`).
+//! Privileges: whether sysprof may load BPF programs, who the user behind `sudo` is (they own
+//! the output files and run `-- CMD`), and the rules that keep a sudo rule for sysprof alone
+//! from granting more:
+//!
+//! - what sysprof creates for the user, it creates *as* the user ([`InvokingUser::act`]: the
+//!   filesystem identity of one thread), so a path they control cannot redirect a write of
+//!   root's, and what they get is theirs from the start;
+//! - a file the user names is opened only if they could open it themselves
+//!   ([`InvokingUser::can_read`]);
+//! - a library sysprof loads into itself as root must be root's and writable by no one else
+//!   ([`trusted_library`]): its code would run as root.
 
-use std::{ffi::CString, path::Path};
+use std::{
+    ffi::CString,
+    marker::PhantomData,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
 
 use nix::unistd::{Gid, Uid, User};
 
@@ -21,6 +35,12 @@ pub fn can_trace() -> bool {
     };
     let has = |cap: u32| caps & (1u64 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+/// Whether CAP_SYS_ADMIN is effective: attaching uprobes needs it besides CAP_BPF and
+/// CAP_PERFMON (perf_event_open answers EACCES without it).
+pub fn has_sys_admin() -> bool {
+    effective_capabilities().is_some_and(|caps| caps & (1u64 << CAP_SYS_ADMIN) != 0)
 }
 
 fn effective_capabilities() -> Option<u64> {
@@ -67,8 +87,107 @@ impl InvokingUser {
         Some(InvokingUser { uid, gid, name, home, groups })
     }
 
-    /// Gives `path` to this user, so results written by root through sudo are theirs.
-    pub fn give(&self, path: &Path) -> std::io::Result<()> {
-        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))
+    /// Takes on this user's filesystem identity (uid, gid and groups) on the calling thread
+    /// until the guard drops: files are then opened, created and renamed with exactly the
+    /// user's rights, and belong to them. Root's other threads keep theirs.
+    pub fn act(&self) -> std::io::Result<ActingAs> {
+        let saved = thread_groups()?;
+        // The raw syscalls: glibc's setgroups changes every thread of the process.
+        set_thread_groups(&self.groups)?;
+        // SAFETY: setfsgid/setfsuid only change this thread's filesystem ids.
+        unsafe {
+            libc::setfsgid(self.gid);
+            libc::setfsuid(self.uid);
+        }
+        let guard = ActingAs { saved, _one_thread: PhantomData };
+        // Both calls return the previous id: an invalid id (-1) reads the current one.
+        // SAFETY: as above; -1 changes nothing.
+        let (fsuid, fsgid) = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
+        if (fsuid as u32, fsgid as u32) != (self.uid, self.gid) {
+            return Err(std::io::Error::other(format!("could not act as uid {}", self.uid)));
+        }
+        Ok(guard)
     }
+
+    /// Whether this user could open `path` for reading themselves.
+    pub fn can_read(&self, path: &Path) -> bool {
+        self.act().is_ok_and(|_as_user| std::fs::File::open(path).is_ok())
+    }
+}
+
+/// Runs `f` as `user` (see [`InvokingUser::act`]), or as sysprof itself when there is none.
+pub fn as_user<T>(user: Option<&InvokingUser>, f: impl FnOnce() -> T) -> std::io::Result<T> {
+    let _guard = user.map(InvokingUser::act).transpose()?;
+    Ok(f())
+}
+
+/// The invoking user's filesystem identity on one thread; root's comes back on drop. Not
+/// `Send`: it must drop on the thread it changed.
+#[must_use]
+pub struct ActingAs {
+    saved: Vec<libc::gid_t>,
+    _one_thread: PhantomData<*const ()>,
+}
+
+impl Drop for ActingAs {
+    fn drop(&mut self) {
+        // SAFETY: back to root's filesystem ids on this thread.
+        unsafe {
+            libc::setfsuid(0);
+            libc::setfsgid(0);
+        }
+        let _ = set_thread_groups(&self.saved);
+    }
+}
+
+fn thread_groups() -> std::io::Result<Vec<libc::gid_t>> {
+    let mut groups = vec![0; 1024];
+    // SAFETY: the buffer holds `groups.len()` entries.
+    let n = unsafe { libc::syscall(libc::SYS_getgroups, groups.len() as libc::c_long, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
+}
+
+fn set_thread_groups(groups: &[libc::gid_t]) -> std::io::Result<()> {
+    // SAFETY: `groups` is a valid array of its length; the raw syscall changes this thread only.
+    let result = unsafe { libc::syscall(libc::SYS_setgroups, groups.len() as libc::c_long, groups.as_ptr()) };
+    if result != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `path` as a library root may load: the file and every directory above it owned by root and
+/// writable by no one else (a sticky directory, as /tmp, cannot have root's entries replaced).
+/// Returns the resolved path to load, so nothing can be swapped in between; the error says
+/// which part fails and how to fix it.
+pub fn trusted_library(path: &Path) -> Result<PathBuf, String> {
+    let resolved = path.canonicalize().map_err(|e| format!("{}: {e}", path.display()))?;
+    for part in resolved.ancestors() {
+        let meta = std::fs::metadata(part).map_err(|e| format!("{}: {e}", part.display()))?;
+        let writable_by_others = meta.mode() & 0o022 != 0;
+        let sticky_dir = meta.is_dir() && meta.mode() & 0o1000 != 0 && part != resolved;
+        if meta.uid() != 0 || (writable_by_others && !sticky_dir) {
+            return Err(format!(
+                "{}: {} is {}: as root, sysprof loads only libraries that root owns and no one else can change \
+                 (`sudo chown root:root` it and `sudo chmod go-w` it, or copy it under /usr/local/lib)",
+                path.display(),
+                part.display(),
+                if meta.uid() != 0 {
+                    format!("owned by uid {}", meta.uid())
+                } else {
+                    "writable by others".to_string()
+                }
+            ));
+        }
+    }
+    Ok(resolved)
+}
+
+/// Whether sysprof runs as root, where [`trusted_library`] applies.
+pub fn is_root() -> bool {
+    Uid::effective().is_root()
 }

@@ -25,7 +25,7 @@ use sysprof_common::{
     SyscallSlot, SyscallStats, ThreadSched, names,
 };
 
-use crate::{config::SampleEvent, error::Error};
+use crate::{config::SampleEvent, error::Error, privileges};
 
 /// The BPF object built from `sysprof-ebpf` by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
@@ -369,9 +369,15 @@ impl Probes {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie: Some(cookie),
             };
-            let link = program
-                .attach(point, path, scope)
-                .with_context(|| format!("attaching {name} at {offset:#x} in {}", path.display()))?;
+            let link = program.attach(point, path, scope).map_err(|error| {
+                let hint = if os_error(&error) == Some(libc::EACCES) && !privileges::has_sys_admin() {
+                    " (uprobes need CAP_SYS_ADMIN: CAP_BPF and CAP_PERFMON are not enough; run sysprof as root)"
+                } else {
+                    ""
+                };
+                let cause = anyhow::Error::new(error);
+                anyhow!("attaching {name} at {offset:#x} in {}: {cause:#}{hint}", path.display())
+            })?;
             self.uprobe_links.push(UprobeLinkRecord { pid, program: name.to_string(), id: link });
         }
         Ok(())

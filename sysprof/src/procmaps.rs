@@ -56,6 +56,9 @@ impl Mapping {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessMaps {
     mappings: Vec<Mapping>,
+    /// The process's user when its maps were read: whose files in /tmp (perf maps) it may
+    /// have written.
+    owner: Option<u32>,
 }
 
 impl ProcessMaps {
@@ -81,13 +84,18 @@ impl ProcessMaps {
             });
         }
         mappings.sort_by_key(|m| m.start);
-        Ok(ProcessMaps { mappings })
+        Ok(ProcessMaps { mappings, owner: process.uid().ok() })
+    }
+
+    /// The process's user (see the field).
+    pub fn owner(&self) -> Option<u32> {
+        self.owner
     }
 
     /// From mappings given directly (tests, and processes whose maps were read elsewhere).
     pub fn from_mappings(mut mappings: Vec<Mapping>) -> Self {
         mappings.sort_by_key(|m| m.start);
-        ProcessMaps { mappings }
+        ProcessMaps { mappings, owner: None }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -117,6 +125,7 @@ impl ProcessMaps {
         merged.extend(later.mappings);
         merged.sort_by_key(|m| m.start);
         self.mappings = merged;
+        self.owner = later.owner.or(self.owner);
     }
 }
 

@@ -35,6 +35,9 @@ pub struct ProcessRecord {
     /// Started (forked or exec'd) while sysprof was tracing.
     pub started_during_trace: bool,
     pub exited: bool,
+    /// Its start time (clock ticks after boot, /proc/PID/stat), which tells it apart from a
+    /// later process that reuses its pid.
+    pub start_ticks: Option<u64>,
     /// Its memory over the run (when memory is traced).
     pub memory: Series,
     /// When its maps were last read, and how many early rescans it has had.
@@ -102,6 +105,9 @@ impl ProcessTable {
         if record.name.is_empty() {
             record.name = read_comm(pid).unwrap_or_default();
         }
+        if record.start_ticks.is_none() {
+            record.start_ticks = start_ticks(pid);
+        }
         self.maps_version += u64::from(scan(pid, record, Instant::now()));
         if record.memory.is_empty() {
             read_memory(self.memory.as_ref(), pid, record);
@@ -120,6 +126,7 @@ impl ProcessTable {
                 record.name = comm;
                 record.parent = Some(event.parent_pid);
                 record.started_during_trace = true;
+                record.start_ticks = start_ticks(event.pid);
                 record.maps = inherited;
                 record.early_scans = 0;
                 scan(event.pid, record, now);
@@ -207,13 +214,28 @@ impl ProcessTable {
         self.processes.iter().filter(|(_, p)| !p.exited).map(|(pid, _)| *pid)
     }
 
-    pub fn len(&self) -> usize {
-        self.processes.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.processes.is_empty()
     }
+
+    /// Processes that still run and are provably the ones seen (same start time: not a
+    /// later process that reuses an exited one's pid), so that signalling them is safe.
+    pub fn running(&self) -> Vec<u32> {
+        self.processes
+            .iter()
+            .filter(|(pid, p)| !p.exited && p.start_ticks.is_some() && **pid != std::process::id())
+            .filter(|(pid, p)| start_ticks(**pid) == p.start_ticks && crate::target::process_alive(**pid))
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+}
+
+/// When `pid` started, in clock ticks after boot (field 22 of /proc/PID/stat).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the parenthesized name (which may contain ") ") start at field 3.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Reads the maps of `pid`, merging them into what is known (a failed read keeps the old

@@ -116,7 +116,8 @@ impl Symbolizer {
                     self.symbolize_file(open.clone(), mapping, &module, &addrs, &mut result)
                 }
                 Backing::Anonymous => {
-                    let perf_map = self.perf_maps.entry(pid).or_insert_with(|| PerfMap::read(pid));
+                    let perf_map =
+                        self.perf_maps.entry(pid).or_insert_with(|| PerfMap::read(pid, maps.owner()));
                     for &addr in &addrs {
                         let frame = perf_map
                             .as_ref()
@@ -189,8 +190,22 @@ struct PerfMap {
 }
 
 impl PerfMap {
-    fn read(pid: u32) -> Option<Self> {
-        let text = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).ok()?;
+    /// The runtime's perf map, read only when the process itself (or root) wrote it: /tmp is
+    /// anyone's, and sysprof reads as root. So no symlink (`O_NOFOLLOW`), a regular file, owned
+    /// by the process's user or root, writable by no one else (as perf checks it).
+    fn read(pid: u32, owner: Option<u32>) -> Option<Self> {
+        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+        let owner = owner.unwrap_or(0);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(format!("/tmp/perf-{pid}.map"))
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || (meta.uid() != owner && meta.uid() != 0) || meta.mode() & 0o022 != 0 {
+            return None;
+        }
+        let text = std::io::read_to_string(file).ok()?;
         Some(Self::parse(&text))
     }
 
@@ -251,6 +266,42 @@ mod tests {
         let frames = Symbolizer::new().user(1, Some(&maps), &[0x1234, 0x9000]);
         assert_eq!(frames[&0x1234][0].function, "[unknown] libfoo.so+0x234");
         assert_eq!(frames[&0x9000][0].function, "[unknown] [unmapped]+0x9000");
+    }
+
+    #[test]
+    fn perf_maps_are_read_only_from_their_process_user_and_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt as _;
+        // A pid no process has, so the file is this test's alone.
+        let pid = 4_000_000 + std::process::id() % 100_000;
+        let path = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        let me = nix::unistd::geteuid().as_raw();
+        let _ = std::fs::remove_file(&path);
+        let real = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(real.path(), "1000 10 planted\n").unwrap();
+        std::os::unix::fs::symlink(real.path(), &path).unwrap();
+        assert!(PerfMap::read(pid, Some(me)).is_none(), "followed a symlink");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "1000 10 jitted\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            PerfMap::read(pid, Some(me)).and_then(|m| m.find(0x1004).map(String::from)).as_deref(),
+            Some("jitted")
+        );
+        // Planted by another user than the process's: as root, give it away; else ask for it
+        // as the map of someone else's process.
+        let planted = if me == 0 {
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            let read = PerfMap::read(pid, Some(0)).is_none();
+            std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+            read
+        } else {
+            PerfMap::read(pid, Some(me + 1)).is_none()
+        };
+        assert!(planted, "a map of another user than the process's was read");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let writable = PerfMap::read(pid, Some(me)).is_none();
+        std::fs::remove_file(&path).unwrap();
+        assert!(writable, "a map anyone can write was read");
     }
 
     #[test]

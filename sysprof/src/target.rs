@@ -37,13 +37,26 @@ pub fn resolve(target: &Target) -> Result<ResolvedTarget, Error> {
         Target::All => Ok(ResolvedTarget::new(filter::ALL)),
         Target::Command(_) => Ok(ResolvedTarget::new(filter::TARGETS)),
         Target::Pids(pids) => {
+            let mut resolved = ResolvedTarget::new(filter::TARGETS);
             for &pid in pids {
                 if !process_exists(pid) {
                     return Err(Error::NoSuchProcess(pid));
                 }
+                if pid == std::process::id() {
+                    return Err(Error::TargetIsSysprof(pid));
+                }
+                // The kernel filters by process: a thread id would match nothing.
+                let process = thread_group(pid).unwrap_or(pid);
+                if process != pid {
+                    resolved.notes.push(format!(
+                        "pid {pid} is a thread of process {process} ({}): tracing process {process}, all its threads",
+                        std::fs::read_to_string(format!("/proc/{process}/comm")).unwrap_or_default().trim()
+                    ));
+                }
+                if !resolved.pids.contains(&process) {
+                    resolved.pids.push(process);
+                }
             }
-            let mut resolved = ResolvedTarget::new(filter::TARGETS);
-            resolved.pids = pids.clone();
             Ok(resolved)
         }
         Target::Comm(name) => Ok(resolve_comm(name)),
@@ -57,6 +70,36 @@ pub fn resolve(target: &Target) -> Result<ResolvedTarget, Error> {
 
 pub fn process_exists(pid: u32) -> bool {
     pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The process a task id belongs to (its Tgid); a process's own id gives itself.
+fn thread_group(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status.lines().find_map(|line| line.strip_prefix("Tgid:"))?.trim().parse().ok()
+}
+
+/// sysprof and the processes between a target and it (`sudo`, from `--pid $$` in a shell):
+/// they exist only to run sysprof, and are never part of the target.
+fn sysprof_and_its_launchers(roots: &[u32]) -> Vec<u32> {
+    let mut chain = vec![std::process::id()];
+    while let Some(parent) = chain.last().and_then(|&pid| parent_of(pid))
+        && parent > 1
+        && !roots.contains(&parent)
+        && chain.len() < 64
+    {
+        chain.push(parent);
+    }
+    // Only when the chain does reach a target: otherwise sysprof's parents are unrelated.
+    match chain.last().and_then(|&pid| parent_of(pid)) {
+        Some(parent) if roots.contains(&parent) => chain,
+        _ => vec![std::process::id()],
+    }
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether `pid` still runs: exists and is not a zombie waiting for its parent.
@@ -97,7 +140,8 @@ pub fn late_joiners(resolved: &ResolvedTarget) -> Vec<u32> {
     let comm_len = resolved.comm.iter().position(|&b| b == 0).unwrap_or(TASK_COMM_LEN);
     let mut found = if comm_len > 0 { pids_named(&resolved.comm[..comm_len]) } else { Vec::new() };
     found.extend(descendants(&resolved.pids));
-    found.retain(|pid| !resolved.pids.contains(pid));
+    let sysprof = sysprof_and_its_launchers(&resolved.pids);
+    found.retain(|pid| !resolved.pids.contains(pid) && !sysprof.contains(pid));
     found.sort_unstable();
     found.dedup();
     found
@@ -110,12 +154,7 @@ fn descendants(roots: &[u32]) -> Vec<u32> {
     };
     let parents: Vec<(u32, u32)> = entries
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (_, rest) = stat.rsplit_once(") ")?;
-            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
+        .filter_map(|pid| Some((pid, parent_of(pid)?)))
         .collect();
     let mut found: Vec<u32> = Vec::new();
     let mut frontier: Vec<u32> = roots.to_vec();
@@ -173,6 +212,7 @@ fn resolve_cgroup(path: &Path) -> Result<ResolvedTarget, Error> {
     let mut resolved = ResolvedTarget::new(filter::CGROUP);
     resolved.cgroup = Some((id, level));
     resolved.pids = cgroup_pids(&full);
+    resolved.pids.retain(|&pid| pid != std::process::id());
     Ok(resolved)
 }
 
@@ -224,22 +264,53 @@ mod tests {
 
     #[test]
     fn pids_must_exist() {
-        let me = std::process::id();
-        let resolved = resolve(&Target::Pids(vec![me])).unwrap();
-        assert_eq!(resolved.pids, vec![me]);
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id();
+        let resolved = resolve(&Target::Pids(vec![pid]));
+        let missing = resolve(&Target::Pids(vec![pid, 4_000_000]));
+        let _ = child.kill();
+        let _ = child.wait();
+        let resolved = resolved.unwrap();
+        assert_eq!(resolved.pids, vec![pid]);
         assert_eq!(resolved.filter, filter::TARGETS);
-        let missing = resolve(&Target::Pids(vec![me, 4_000_000])).unwrap_err();
+        let missing = missing.unwrap_err();
         assert_eq!(missing.to_string(), "no process with pid 4000000: check it with `ps -p 4000000`");
     }
 
     #[test]
     fn children_started_before_the_programs_attach_are_found() {
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
-        let resolved = resolve(&Target::Pids(vec![std::process::id()])).unwrap();
-        let late = late_joiners(&resolved);
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(late.contains(&child.id()), "{late:?} lacks {}", child.id());
+        let mut parent = std::process::Command::new("sh").args(["-c", "sleep 5 & wait"]).spawn().unwrap();
+        let resolved = resolve(&Target::Pids(vec![parent.id()])).unwrap();
+        let mut late = Vec::new();
+        for _ in 0..100 {
+            late = late_joiners(&resolved);
+            if !late.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = std::process::Command::new("pkill").args(["-P", &parent.id().to_string()]).status();
+        let _ = parent.kill();
+        let _ = parent.wait();
+        assert_eq!(late.len(), 1, "the backgrounded sleep: {late:?}");
+        assert!(!late.contains(&std::process::id()));
+    }
+
+    #[test]
+    fn a_thread_id_resolves_to_its_process_and_sysprof_is_never_a_target() {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            sender.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = hold.recv();
+        });
+        let tid = receiver.recv().unwrap();
+        assert_eq!(thread_group(tid), Some(std::process::id()));
+        drop(release);
+        thread.join().unwrap();
+        let error = resolve(&Target::Pids(vec![std::process::id()])).unwrap_err();
+        assert!(error.to_string().contains("sysprof itself"), "{error}");
     }
 
     #[test]
@@ -261,11 +332,16 @@ mod tests {
     }
 
     #[test]
-    fn the_root_cgroup_is_level_zero() {
+    fn the_root_cgroup_is_level_zero_and_holds_everyone_but_sysprof() {
         let root = cgroup2_root().expect("cgroup v2 is mounted");
-        let resolved = resolve(&Target::Cgroup(root)).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let resolved = resolve(&Target::Cgroup(root));
+        let _ = child.kill();
+        let _ = child.wait();
+        let resolved = resolved.unwrap();
         let (_, level) = resolved.cgroup.unwrap();
         assert_eq!(level, 0);
-        assert!(resolved.pids.contains(&std::process::id()));
+        assert!(resolved.pids.contains(&child.id()));
+        assert!(!resolved.pids.contains(&std::process::id()), "sysprof is never its own target");
     }
 }

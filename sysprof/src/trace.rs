@@ -2,14 +2,17 @@
 //! symbolize -> write. Whatever ends the trace (duration, Ctrl-C, SIGTERM, the command's or the
 //! targets' exit), the probes are detached and everything collected is written.
 
-use std::{path::PathBuf, time::SystemTime};
+use std::{
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
 
 use anyhow::Context as _;
 use sysprof_common::{Config, capacity, filter};
 
 use crate::{
     btf::{self, TaskOffsets},
-    collect::{self, CallTracing, EndReason, Signals, StatusLine, StopPlan},
+    collect::{self, CallTracing, EndReason, StatusLine, Stop, StopPlan},
     config::{Family, Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
@@ -24,6 +27,7 @@ use crate::{
     probes::{MapSizes, Probes},
     procs::{self, ProcessTable},
     target::{self, ResolvedTarget},
+    terminal::say,
     uprobes::calibrate,
 };
 
@@ -35,6 +39,8 @@ pub struct TraceOutcome {
     pub output_dir: PathBuf,
     /// Files written, relative to `output_dir`.
     pub files: Vec<String>,
+    /// Files that could not be written, with why (a full disk, ...).
+    pub unwritten: Vec<(String, String)>,
     pub samples: u64,
     pub lost: u64,
 }
@@ -52,27 +58,35 @@ pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
-        // First of all: from here on Ctrl-C and SIGTERM end the trace instead of killing
-        // sysprof, even one that arrives while the probes are being attached.
-        let signals = Signals::register()?;
-        preflight_and_run(config, signals).await
+        // First of all: from here on Ctrl-C, SIGTERM and SIGHUP end the trace instead of
+        // killing sysprof, even one that arrives while the probes are being attached.
+        let stop = Stop::register()?;
+        preflight_and_run(config, stop).await
     })
 }
 
-async fn preflight_and_run(config: TraceConfig, signals: Signals) -> anyhow::Result<TraceOutcome> {
+async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<TraceOutcome> {
     // Preflight: everything that can be wrong is found before any probe is attached.
     if !privileges::can_trace() {
         return Err(Error::NotPrivileged.into());
     }
-    let output = OutputDir::prepare(&config.output_dir, config.invoking_user.clone())?;
+    check_user_paths(&config)?;
     let resolved = target::resolve(&config.target)?;
+    let output = OutputDir::prepare(&config.output_dir, config.invoking_user.clone())?;
     let say = |line: &str| {
         if !config.quiet {
-            eprintln!("sysprof: {line}");
+            say!("{line}");
         }
     };
     for note in &resolved.notes {
         say(note);
+    }
+    if config.stack_storage_size > sysprof_common::capacity::STACKS {
+        say(&format!(
+            "--stack-storage-size {}: the stack map pins about {} MiB of kernel memory for the run",
+            config.stack_storage_size,
+            (u64::from(config.stack_storage_size) * STACK_ENTRY_BYTES) >> 20
+        ));
     }
     let mut limitations = Vec::new();
     let offsets = match TaskOffsets::from_btf(&btf::vmlinux_btf_path()) {
@@ -88,7 +102,35 @@ async fn preflight_and_run(config: TraceConfig, signals: Signals) -> anyhow::Res
         }
     };
     let bpf_config = kernel_config(&config, &resolved, offsets);
-    run(config, resolved, bpf_config, output, limitations, signals).await
+    run(config, resolved, bpf_config, output, limitations, stop).await
+}
+
+/// Bytes of kernel memory one entry of the stack map takes: 127 frames (the kernel's default
+/// perf_event_max_stack, which sizes each entry) and the bucket's header.
+const STACK_ENTRY_BYTES: u64 = 127 * 8 + 16;
+
+/// Through sudo, the files the user names are opened only if they could open them themselves,
+/// and, as root, a library sysprof loads into itself only if no one but root can change it.
+fn check_user_paths(config: &TraceConfig) -> Result<(), Error> {
+    if let Some(user) = &config.invoking_user {
+        if config.command_as_root {
+            return Err(Error::AsRootUnderSudo { user: user.name.clone() });
+        }
+        let named = config.gpu_libraries.iter().chain(config.nvml_library.iter()).cloned();
+        let binaries = config.functions.iter().filter_map(|f| f.path()).map(Path::to_path_buf);
+        for path in named.chain(binaries) {
+            if !user.can_read(&path) {
+                return Err(Error::NotReadableByUser { path, user: user.name.clone() });
+            }
+        }
+    }
+    // A missing one is NVML's one line later, like any library that is not there.
+    if let Some(library) = config.nvml_library.as_ref().filter(|library| library.exists())
+        && privileges::is_root()
+    {
+        privileges::trusted_library(library).map_err(|reason| Error::UntrustedLibrary { reason })?;
+    }
+    Ok(())
 }
 
 /// The configuration baked into the BPF object.
@@ -112,7 +154,7 @@ fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Optio
         nr_brk: u32::MAX,
         nr_mremap: u32::MAX,
         fault_stack_every: memory::FAULT_STACK_EVERY,
-        _pad: 0,
+        self_tgid: std::process::id(),
     };
     if config.wants(Family::Memory) {
         memory::configure_kernel(&mut kernel);
@@ -133,7 +175,7 @@ async fn run(
     bpf_config: Config,
     output: OutputDir,
     mut limitations: Vec<String>,
-    mut signals: Signals,
+    stop: Stop,
 ) -> anyhow::Result<TraceOutcome> {
     let started_at = SystemTime::now();
 
@@ -153,23 +195,28 @@ async fn run(
         events: None,
         seen_maps: 0,
     };
+    let mut limitation = |line: String| {
+        if !config.quiet {
+            say!("{line}");
+        }
+        limitations.push(line);
+    };
     let mut probe_cost_ns = None;
     if calls.gpu.is_some() || !calls.funcs.is_empty() {
         calls.events = Some(probes.take_call_events()?);
         // Before the other programs attach: sysprof is briefly its own target here.
         match calibrate::measure_probe_cost(&mut probes) {
             Ok(ns) => probe_cost_ns = Some(ns),
-            Err(error) => {
-                limitations.push(format!("the cost of a probe hit could not be measured: {error:#}"))
-            }
+            Err(error) => limitation(format!("the cost of a probe hit could not be measured: {error:#}")),
         }
     }
     let mut heap_probe_cost_ns = None;
     if heap {
         match memory::heap::measure_probe_cost(&mut probes) {
             Ok(ns) => heap_probe_cost_ns = Some(ns),
-            Err(error) => limitations
-                .push(format!("the cost of an allocator probe hit could not be measured: {error:#}")),
+            Err(error) => {
+                limitation(format!("the cost of an allocator probe hit could not be measured: {error:#}"))
+            }
         }
     }
     if resolved.filter == filter::TARGETS {
@@ -238,8 +285,17 @@ async fn run(
     }
     calls.funcs.attach_ready(&mut probes, &processes);
     let ticks_at_start = CpuTicks::now();
-    let command_exit = match gated {
-        Some(gated) => Some(collect::watch_child(gated.release()?)),
+    let command = match gated {
+        // Interrupted while the probes were attached: the command never starts (dropping the
+        // gate ends the child before it runs anything), and nothing was traced.
+        Some(_) if let Some(signal) = stop.requested() => {
+            return Err(Error::InterruptedAtStart { signal: signal.name(), code: signal.exit_code() }.into());
+        }
+        Some(gated) => {
+            processes.observe_existing(gated.pid());
+            stop.launched(&[gated.pid()]);
+            Some(gated.release()?)
+        }
         None => None,
     };
     if resolved.filter == filter::ALL {
@@ -251,8 +307,8 @@ async fn run(
 
     // Collect.
     if !config.quiet {
-        eprintln!(
-            "sysprof: tracing {} ({} Hz{}); Ctrl-C to stop",
+        say!(
+            "tracing {} ({} Hz{}); Ctrl-C to stop",
             config.target,
             config.frequency_hz,
             match config.duration {
@@ -269,25 +325,25 @@ async fn run(
                 let topology = nvml::topology::read(&nvml);
                 nvml_run = Some((nvml::Poller::start(nvml, config.gpu_interval), topology));
             }
-            Err(line) => {
-                if !config.quiet {
-                    eprintln!("sysprof: {line}");
-                }
-                limitations.push(line);
-            }
+            Err(line) => limitation(line),
         }
     }
     let status = StatusLine::new(config.quiet);
     let plan = StopPlan {
         duration: config.duration,
-        command_exit,
+        command,
         stop_when_targets_exit: matches!(config.target, Target::Pids(_)),
     };
-    let is_command = plan.command_exit.is_some();
-    let collect::Collected { ended_by, elapsed, stats_coverage } =
-        collect::collect(&mut probes, events, &mut calls, &mut processes, plan, &mut signals, &status)
+    let collect::Collected { ended_by, elapsed, stats_coverage, command } =
+        collect::collect(&mut probes, events, &mut calls, &mut processes, plan, &stop, &status, config.quiet)
             .await?;
     status.finish();
+    let end_ns = monotonic_ns();
+    // What sysprof launched does not outlive the trace (see CommandWatch::end).
+    let command = match command {
+        Some(command) => Some(command.end(&processes).await),
+        None => None,
+    };
     let nvml_samples = match nvml_run {
         Some((poller, topology)) => Some((poller.finish().await, topology)),
         None => None,
@@ -296,34 +352,19 @@ async fn run(
         ticks_at_start.zip(CpuTicks::now()).and_then(|(start, end)| start.busy_share_until(&end));
     if !config.quiet {
         let line = match &ended_by {
-            EndReason::Signal(name) => Some(format!("{name}: ending the trace")),
+            EndReason::Signal(signal) => Some(format!("{}: ending the trace", signal.name())),
             EndReason::TargetsExited => Some("every target process exited: ending the trace".into()),
             _ => None,
         };
         if let Some(line) = line {
-            eprintln!("sysprof: {line} after {:.1} s; writing what was collected", elapsed.as_secs_f64());
+            say!("{line} after {:.1} s; writing what was collected", elapsed.as_secs_f64());
         }
     }
+    // From here a second signal leaves at once (collect::Stop); the kernel drops the probes
+    // with the process.
 
-    // A second Ctrl-C (or SIGTERM) leaves at once; the kernel drops the probes with the process.
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = signals.interrupt.recv() => {}
-            _ = signals.terminate.recv() => {}
-        }
-        eprintln!("sysprof: interrupted again: exiting without writing the results");
-        std::process::exit(130);
-    });
-
-    let window = Window {
-        started_at,
-        elapsed,
-        end_ns: monotonic_ns(),
-        ended_by,
-        is_command,
-        machine_busy_share,
-        stats_coverage,
-    };
+    let window =
+        Window { started_at, elapsed, end_ns, ended_by, command, machine_busy_share, stats_coverage };
     let finish = Finish {
         config,
         probes,

@@ -254,3 +254,133 @@ pub fn text(output: &Output) -> String {
         String::from_utf8_lossy(&output.stderr)
     )
 }
+
+/// An unprivileged user for the sudo tests, created once (`useradd --system`) when missing.
+pub struct TestUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: &'static str,
+}
+
+/// The sudo tests' user (the tests run as root: see `root_guard`).
+pub fn test_user() -> TestUser {
+    static CREATED: OnceLock<(u32, u32)> = OnceLock::new();
+    let name = "sysprof-test";
+    let (uid, gid) = *CREATED.get_or_init(|| {
+        let id = |flag: &str| {
+            let out = Command::new("id").arg(flag).arg(name).output().expect("running id");
+            String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().ok()
+        };
+        if id("-u").is_none() {
+            let status = Command::new("useradd")
+                .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+                .status()
+                .expect("running useradd (package passwd)");
+            assert!(status.success(), "useradd {name} failed");
+        }
+        (id("-u").expect("the test user exists"), id("-g").expect("the test user has a group"))
+    });
+    TestUser { uid, gid, name }
+}
+
+impl TestUser {
+    /// `command` as `sudo` would start it for this user: root, with SUDO_UID and friends set.
+    pub fn sudo<'a>(&self, command: &'a mut Command) -> &'a mut Command {
+        command
+            .env("SUDO_UID", self.uid.to_string())
+            .env("SUDO_GID", self.gid.to_string())
+            .env("SUDO_USER", self.name)
+    }
+
+    /// A fresh directory that belongs to this user (mode 0755), inside one only root can
+    /// change.
+    pub fn dir(&self) -> tempfile::TempDir {
+        let dir = tempfile::Builder::new().prefix("sysprof-user-").tempdir().unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+}
+
+/// Whether `pid` still runs (exists and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// Sends `signal` to `child`.
+pub fn signal(child: &Child, signal: i32) {
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0, "kill {}", child.id());
+}
+
+/// Waits for `child` with a bound, killing it past the bound.
+pub fn wait_bounded(child: &mut Child, bound: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sysprof did not exit within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A sysprof started by [`spawn_tracing_with`]: its process and everything it printed on
+/// stderr so far.
+pub struct Tracing {
+    pub child: Child,
+    stderr: std::sync::Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Tracing {
+    /// Everything sysprof printed on stderr, once it has exited.
+    pub fn stderr(&mut self) -> String {
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Tracing {
+    /// A failing test leaves no sysprof tracing behind (it would show in the next test).
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Starts `command` (a sysprof command line) and returns once it says it is tracing, keeping
+/// its stderr.
+pub fn spawn_tracing_with(command: &mut Command) -> Tracing {
+    use std::io::BufRead as _;
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let text = std::sync::Arc::new(Mutex::new(String::new()));
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 {
+        text.lock().unwrap().push_str(&line);
+        if line.contains("sysprof: tracing") {
+            break;
+        }
+        line.clear();
+    }
+    assert!(line.contains("tracing"), "sysprof never started tracing:\n{}", text.lock().unwrap());
+    let sink = text.clone();
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+        sink.lock().unwrap().push_str(&rest);
+    });
+    Tracing { child, stderr: text, reader: Some(reader) }
+}

@@ -28,6 +28,8 @@ use nvml_wrapper::{
 use serde::Serialize;
 use tokio::{sync::watch, task::JoinHandle};
 
+use crate::terminal::{stderr_line, stdout_text};
+
 /// The library NVIDIA's driver installs.
 const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 /// Cumulative NVLink data counters (KiB), nvml.h NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX.
@@ -36,7 +38,18 @@ const NVLINK_RX: u32 = 139;
 
 /// Opens NVML from `library` (default: the driver's libnvidia-ml.so.1); the error is one line.
 pub fn open(library: Option<&Path>) -> Result<Arc<Nvml>, String> {
-    let path = library.map(|p| p.as_os_str().to_owned()).unwrap_or_else(|| DEFAULT_LIBRARY.into());
+    let path = match library {
+        // Its constructors would run as root: only a library no one but root can change.
+        Some(library) if crate::privileges::is_root() => match crate::privileges::trusted_library(library) {
+            Ok(resolved) => resolved.into_os_string(),
+            Err(reason) if !library.exists() => {
+                return Err(format!("NVML not available ({reason}): GPU metrics disabled"));
+            }
+            Err(reason) => return Err(format!("NVML not loaded ({reason}): GPU metrics disabled")),
+        },
+        Some(library) => library.as_os_str().to_owned(),
+        None => DEFAULT_LIBRARY.into(),
+    };
     let nvml = Nvml::builder().lib_path(&path).init().map_err(|error| {
         // libloading's message repeats itself ("a libloading error occurred: PATH: ...").
         let text = error.to_string();
@@ -56,14 +69,14 @@ pub fn topo(library: Option<&Path>, json: bool) -> anyhow::Result<u8> {
         Ok(nvml) => {
             let topology = topology::read(&nvml);
             if json {
-                println!("{}", serde_json::to_string_pretty(&topology)?);
+                stdout_text(&format!("{}\n", serde_json::to_string_pretty(&topology)?));
             } else {
-                print!("{}", topology::render(&topology));
+                stdout_text(&topology::render(&topology));
             }
             Ok(0)
         }
         Err(line) => {
-            eprintln!("{line}");
+            stderr_line(format_args!("{line}"));
             Ok(1)
         }
     }

@@ -1,16 +1,14 @@
 //! Flamegraph SVG (`cpu.svg`) drawn by inferno from the folded lines.
 
-use std::path::Path;
-
 use anyhow::Context as _;
 use inferno::flamegraph::{self, Options};
 
-use super::{Artifact, Sink, folded::folded_lines, write_file};
+use super::{Artifact, Rendered, Sink, folded::folded_lines};
 
 pub struct Flamegraph;
 
 impl Sink for Flamegraph {
-    fn write(&self, artifact: &Artifact<'_>, dir: &Path) -> anyhow::Result<Option<String>> {
+    fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
         let Artifact::Stacks { name, title, profile } = artifact else {
             return Ok(None);
         };
@@ -26,9 +24,7 @@ impl Sink for Flamegraph {
             flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
                 .with_context(|| format!("drawing the {name} flamegraph"))?;
         }
-        let file = format!("{name}.svg");
-        write_file(dir, &file, &svg)?;
-        Ok(Some(file))
+        Ok(Some(Rendered { name: format!("{name}.svg"), bytes: svg }))
     }
 }
 

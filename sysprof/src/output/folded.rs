@@ -1,21 +1,20 @@
 //! Folded stacks (`cpu.folded`), the format inferno and FlameGraph read: one line per distinct
 //! stack, `process;outer;...;inner count`.
 
-use std::path::Path;
-
-use super::{Artifact, Sink, write_file};
+use super::{Artifact, Rendered, Sink};
 use crate::profile::StackProfile;
 
 pub struct Folded;
 
 impl Sink for Folded {
-    fn write(&self, artifact: &Artifact<'_>, dir: &Path) -> anyhow::Result<Option<String>> {
+    fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
         let Artifact::Stacks { name, profile, .. } = artifact else {
             return Ok(None);
         };
-        let file = format!("{name}.folded");
-        write_file(dir, &file, folded_lines(profile).join("\n").as_bytes())?;
-        Ok(Some(file))
+        Ok(Some(Rendered {
+            name: format!("{name}.folded"),
+            bytes: folded_lines(profile).join("\n").into_bytes(),
+        }))
     }
 }
 

@@ -1,13 +1,31 @@
 //! The write stage: the output directory and one file per format behind the [`Sink`] trait.
+//!
+//! Every file is rendered in memory first, then written into a directory opened once and
+//! checked, relative to its descriptor: to a fresh temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`)
+//! that is then renamed over the final one. A symlink planted in the directory is replaced,
+//! never followed, and a full disk leaves the earlier file whole, never a truncated one.
+//! Through sudo all of it happens as the invoking user ([`InvokingUser::act`]): the directories
+//! and files are theirs, and nothing is written where they could not write themselves.
 
 mod flamegraph;
 mod folded;
 mod json;
 mod markdown;
 
-use std::path::{Path, PathBuf};
+use std::{
+    io::Write as _,
+    os::{
+        fd::{AsFd as _, OwnedFd},
+        unix::fs::DirBuilderExt as _,
+    },
+    path::{Path, PathBuf},
+};
 
-use anyhow::Context as _;
+use nix::{
+    fcntl::{OFlag, openat, renameat},
+    sys::stat::{Mode, fstat},
+    unistd::{UnlinkatFlags, unlinkat},
+};
 
 pub use self::{
     flamegraph::Flamegraph,
@@ -15,7 +33,12 @@ pub use self::{
     json::JsonReport,
     markdown::{MarkdownReport, bytes, render as render_markdown, thousands},
 };
-use crate::{error::Error, privileges::InvokingUser, profile::StackProfile, report::Report};
+use crate::{
+    error::Error,
+    privileges::{InvokingUser, as_user},
+    profile::StackProfile,
+    report::Report,
+};
 
 /// What the sinks write from.
 pub enum Artifact<'a> {
@@ -28,37 +51,86 @@ pub enum Artifact<'a> {
     Report(&'a Report),
 }
 
-/// One output format.
-pub trait Sink {
-    /// Writes the file for `artifact` into `dir`, returning its name; `None` when this format
-    /// does not apply to the artifact.
-    fn write(&self, artifact: &Artifact<'_>, dir: &Path) -> anyhow::Result<Option<String>>;
+/// One file's name and contents, rendered and not yet written.
+pub struct Rendered {
+    pub name: String,
+    pub bytes: Vec<u8>,
 }
 
-/// The directory the results go to, checked writable before tracing starts so a long trace is
-/// never lost to a typo.
+/// One output format.
+pub trait Sink {
+    /// The file for `artifact`; `None` when this format does not apply to the artifact.
+    fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>>;
+}
+
+/// `artifact` rendered by every sink that applies.
+pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
+    let sinks: [&dyn Sink; 4] = [&Folded, &Flamegraph, &MarkdownReport, &JsonReport];
+    let mut files = Vec::new();
+    for sink in sinks {
+        files.extend(sink.render(artifact)?);
+    }
+    Ok(files)
+}
+
+/// Whether `name` is a file sysprof writes: only those are ever removed as stale.
+pub fn is_sysprof_output(name: &str) -> bool {
+    matches!(name, "report.md" | "report.json")
+        || name.split_once('.').is_some_and(|(base, ext)| {
+            matches!(base, "cpu" | "offcpu" | "faults" | "alloc") && matches!(ext, "folded" | "svg")
+        })
+}
+
+/// What [`OutputDir::write`] did.
+#[derive(Debug, Default)]
+pub struct Written {
+    pub written: Vec<String>,
+    /// Files that could not be written, with why.
+    pub failed: Vec<(String, String)>,
+    /// What happened to the directory meanwhile (removed and created again, ...).
+    pub notes: Vec<String>,
+}
+
+/// The directory the results go to, checked before tracing starts so a long trace is never
+/// lost to a typo.
 #[derive(Debug)]
 pub struct OutputDir {
     path: PathBuf,
-    owner: Option<InvokingUser>,
+    /// Through sudo: the user it is written as.
+    user: Option<InvokingUser>,
+    /// (st_dev, st_ino) when it was prepared, to notice it removed or replaced.
+    identity: (u64, u64),
+    /// The directories `prepare` created, outermost first: removed again (when empty) if
+    /// the run ends without writing anything.
+    created: Vec<PathBuf>,
+    /// What the previous run into this directory wrote (its report.json's file list).
+    previous: Vec<String>,
+    wrote: bool,
 }
 
 impl OutputDir {
-    /// Creates the directory if needed and checks that a file can be written in it.
-    pub fn prepare(path: &Path, owner: Option<InvokingUser>) -> anyhow::Result<Self> {
-        let failure = |reason: String| Error::OutputDir { path: path.to_path_buf(), reason };
-        if path.exists() && !path.is_dir() {
-            return Err(failure("it is a file, not a directory".into()).into());
-        }
-        let created = !path.exists();
-        std::fs::create_dir_all(path).map_err(|e| failure(e.to_string()))?;
-        let probe = path.join(".sysprof-write-test");
-        std::fs::write(&probe, b"").map_err(|e| failure(e.to_string()))?;
-        let _ = std::fs::remove_file(&probe);
-        let dir = OutputDir { path: path.to_path_buf(), owner };
-        if created {
-            dir.give_to_owner(path);
-        }
+    /// Creates the directory if needed (as the invoking user) and checks that it is theirs or
+    /// root's and that a file can be created in it.
+    pub fn prepare(path: &Path, user: Option<InvokingUser>) -> anyhow::Result<Self> {
+        let (fd, created) = as_user(user.as_ref(), || open_dir(path, user.as_ref()))
+            .and_then(|opened| opened)
+            .map_err(|e| output_error(path, e.to_string()))?;
+        let meta = fstat(fd.as_fd()).map_err(|e| output_error(path, e.to_string()))?;
+        let dir = OutputDir {
+            path: path.to_path_buf(),
+            previous: as_user(user.as_ref(), || previous_outputs(&fd)).unwrap_or_default(),
+            user,
+            identity: (meta.st_dev, meta.st_ino),
+            created,
+            wrote: false,
+        };
+        let probe = format!(".sysprof-write-test-{}", std::process::id());
+        as_user(dir.user.as_ref(), || {
+            write_at(&fd, &probe, b"")?;
+            unlinkat(fd.as_fd(), probe.as_str(), UnlinkatFlags::NoRemoveDir).map_err(std::io::Error::from)
+        })
+        .and_then(|result| result)
+        .map_err(|e| output_error(path, e.to_string()))?;
         Ok(dir)
     }
 
@@ -66,32 +138,176 @@ impl OutputDir {
         &self.path
     }
 
-    /// Writes `artifact` with every sink that applies; returns the names written.
-    pub fn write(&self, artifact: &Artifact<'_>) -> anyhow::Result<Vec<String>> {
-        let sinks: [&dyn Sink; 4] = [&Folded, &Flamegraph, &MarkdownReport, &JsonReport];
-        let mut written = Vec::new();
-        for sink in sinks {
-            if let Some(name) = sink.write(artifact, &self.path)? {
-                self.give_to_owner(&self.path.join(&name));
-                written.push(name);
+    /// Writes `files` in order (put the report first: it is what a full disk must not cost),
+    /// each whole or not at all. The directory is opened again by its path: one removed during
+    /// the trace is created again, and the notes say so.
+    pub fn write(&mut self, files: &[Rendered]) -> Written {
+        let mut outcome = Written::default();
+        let result = as_user(self.user.as_ref(), || {
+            let (fd, created) = open_dir(&self.path, self.user.as_ref())?;
+            let meta = fstat(fd.as_fd()).map_err(std::io::Error::from)?;
+            if !created.is_empty() {
+                outcome.notes.push(format!(
+                    "the output directory {} was removed during the trace: created it again",
+                    self.path.display()
+                ));
+            } else if (meta.st_dev, meta.st_ino) != self.identity {
+                outcome.notes.push(format!(
+                    "the output directory {} was replaced during the trace: wrote into the new one",
+                    self.path.display()
+                ));
             }
+            for file in files {
+                match write_at(&fd, &file.name, &file.bytes) {
+                    Ok(()) => outcome.written.push(file.name.clone()),
+                    Err(error) => outcome.failed.push((file.name.clone(), error.to_string())),
+                }
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        if let Err(error) = result.and_then(|r| r) {
+            outcome.failed.extend(files.iter().map(|f| (f.name.clone(), error.to_string())));
         }
-        Ok(written)
+        self.wrote |= !outcome.written.is_empty();
+        outcome
     }
 
-    /// Files written through sudo belong to the user who ran sudo.
-    fn give_to_owner(&self, path: &Path) {
-        if let Some(owner) = &self.owner {
-            // Best effort: a filesystem without ownership (vfat) keeps root's.
-            let _ = owner.give(path);
+    /// Room left in the directory's filesystem for the user, as (bytes free, block size).
+    pub fn room(&self) -> Option<(u64, u64)> {
+        as_user(self.user.as_ref(), || {
+            let dir = open_existing(&self.path).ok()?;
+            let stats = nix::sys::statvfs::fstatvfs(dir.as_fd()).ok()?;
+            let block = stats.fragment_size().max(1);
+            Some((stats.blocks_available() * block, block))
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// Removes what the previous run into this directory wrote and this one did not (an
+    /// `alloc.svg` beside a later run without `--malloc`); returns the names removed.
+    pub fn remove_stale(&self, written: &[String]) -> Vec<String> {
+        let stale: Vec<&String> =
+            self.previous.iter().filter(|name| !written.contains(name) && is_sysprof_output(name)).collect();
+        if stale.is_empty() {
+            return Vec::new();
         }
+        as_user(self.user.as_ref(), || {
+            let Ok(dir) = open_existing(&self.path) else { return Vec::new() };
+            stale
+                .into_iter()
+                .filter(|name| unlinkat(dir.as_fd(), name.as_str(), UnlinkatFlags::NoRemoveDir).is_ok())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
     }
 }
 
-/// Writes `contents` to `dir/name`, naming the file on failure.
-fn write_file(dir: &Path, name: &str, contents: &[u8]) -> anyhow::Result<()> {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))
+impl Drop for OutputDir {
+    /// A run that wrote nothing (preflight failed, start-up interrupted) leaves no empty
+    /// directory behind: only the ones it created, and only while empty.
+    fn drop(&mut self) {
+        if self.wrote || self.created.is_empty() {
+            return;
+        }
+        let _ = as_user(self.user.as_ref(), || {
+            for dir in self.created.iter().rev() {
+                if std::fs::remove_dir(dir).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+fn output_error(path: &Path, reason: String) -> anyhow::Error {
+    Error::OutputDir { path: path.to_path_buf(), reason }.into()
+}
+
+/// Opens `path` as a directory, creating what is missing of it (returned, outermost first),
+/// and checks that it belongs to the user (or root). Runs with the user's identity.
+fn open_dir(path: &Path, user: Option<&InvokingUser>) -> std::io::Result<(OwnedFd, Vec<PathBuf>)> {
+    let mut created = Vec::new();
+    let absolute = std::path::absolute(path)?;
+    let mut missing: Vec<&Path> = absolute.ancestors().take_while(|p| !p.exists()).collect();
+    missing.reverse();
+    for dir in missing {
+        match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+            Ok(()) => created.push(dir.to_path_buf()),
+            // Someone (a parallel run) made it meanwhile: fine, it is checked below.
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(denied_as(error, user)),
+        }
+    }
+    if absolute.exists() && !absolute.is_dir() {
+        return Err(std::io::Error::other("it is a file, not a directory"));
+    }
+    let fd = open_existing(&absolute).map_err(|e| denied_as(e, user))?;
+    let owner = fstat(fd.as_fd())?.st_uid;
+    let me = user.map(|u| u.uid).unwrap_or_else(|| nix::unistd::geteuid().as_raw());
+    if owner != me && owner != 0 {
+        return Err(std::io::Error::other(format!(
+            "it belongs to uid {owner}, not to {}: sysprof writes only into a directory of yours or root's",
+            user.map(|u| u.name.clone()).unwrap_or_else(|| format!("uid {me}"))
+        )));
+    }
+    Ok((fd, created))
+}
+
+fn open_existing(path: &Path) -> std::io::Result<OwnedFd> {
+    let cwd = std::fs::File::open(".")?;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    Ok(openat(cwd.as_fd(), path, flags, Mode::empty())?)
+}
+
+/// Says whose rights a refusal was about: through sudo, the user's, not root's.
+fn denied_as(error: std::io::Error, user: Option<&InvokingUser>) -> std::io::Error {
+    match user {
+        Some(user) if error.kind() == std::io::ErrorKind::PermissionDenied => std::io::Error::other(format!(
+            "{error} for {} (sysprof writes as the user who ran sudo)",
+            user.name
+        )),
+        _ => error,
+    }
+}
+
+/// Writes `dir/name` whole or not at all: a new temporary file, renamed over `name`.
+fn write_at(dir: &OwnedFd, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = format!(".{name}.{}.tmp", std::process::id());
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(dir.as_fd(), temporary.as_str(), flags, Mode::from_bits_truncate(0o644))?;
+    let mut file = std::fs::File::from(fd);
+    let result = file
+        .write_all(bytes)
+        .and_then(|()| file.flush())
+        .and_then(|()| Ok(renameat(dir.as_fd(), temporary.as_str(), dir.as_fd(), name)?));
+    if result.is_err() {
+        let _ = unlinkat(dir.as_fd(), temporary.as_str(), UnlinkatFlags::NoRemoveDir);
+    }
+    result
+}
+
+/// The files the previous run into this directory wrote, from its report.json.
+fn previous_outputs(dir: &OwnedFd) -> Vec<String> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let Ok(fd) = openat(dir.as_fd(), "report.json", flags, Mode::empty()) else { return Vec::new() };
+    let Ok(report) =
+        serde_json::from_reader::<_, serde_json::Value>(std::io::BufReader::new(std::fs::File::from(fd)))
+    else {
+        return Vec::new();
+    };
+    report["run"]["outputs"]
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str())
+                .filter(|n| is_sysprof_output(n))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -106,10 +322,53 @@ mod tests {
     }
 
     #[test]
-    fn missing_directories_are_created() {
+    fn missing_directories_are_created_and_removed_when_nothing_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let nested = dir.path().join("a/b");
-        OutputDir::prepare(&nested, None).unwrap();
+        let output = OutputDir::prepare(&nested, None).unwrap();
         assert!(nested.is_dir());
+        drop(output);
+        assert!(!dir.path().join("a").exists(), "an unused output directory is left behind");
+    }
+
+    #[test]
+    fn files_are_written_whole_through_a_planted_symlink_never_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "keep").unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::os::unix::fs::symlink(&target, out.join("report.md")).unwrap();
+        let mut output = OutputDir::prepare(&out, None).unwrap();
+        let written = output.write(&[Rendered { name: "report.md".into(), bytes: b"new".to_vec() }]);
+        assert_eq!(written.written, ["report.md"]);
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert!(!out.join("report.md").is_symlink());
+        assert_eq!(std::fs::read_to_string(out.join("report.md")).unwrap(), "new");
+    }
+
+    #[test]
+    fn a_directory_removed_during_the_trace_is_created_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut output = OutputDir::prepare(&out, None).unwrap();
+        std::fs::remove_dir(&out).unwrap();
+        let written = output.write(&[Rendered { name: "report.md".into(), bytes: b"x".to_vec() }]);
+        assert_eq!(written.written, ["report.md"]);
+        assert!(written.notes[0].contains("removed during the trace"), "{:?}", written.notes);
+    }
+
+    #[test]
+    fn only_the_previous_runs_own_files_are_removed_as_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let previous = r#"{"run": {"outputs": ["alloc.svg", "report.json", "../escape", "notes.txt"]}}"#;
+        std::fs::write(dir.path().join("report.json"), previous).unwrap();
+        for name in ["alloc.svg", "notes.txt"] {
+            std::fs::write(dir.path().join(name), "old").unwrap();
+        }
+        let mut output = OutputDir::prepare(dir.path(), None).unwrap();
+        let written = output.write(&[Rendered { name: "report.json".into(), bytes: b"{}".to_vec() }]);
+        assert_eq!(output.remove_stale(&written.written), ["alloc.svg"]);
+        assert!(dir.path().join("notes.txt").exists(), "a file sysprof did not write is kept");
     }
 }

@@ -28,6 +28,13 @@ pub struct FuncSpec {
     pub symbol: String,
 }
 
+impl FuncSpec {
+    /// The binary as a path, when it is one (not a name looked up in the target's maps).
+    pub fn path(&self) -> Option<&std::path::Path> {
+        self.binary.contains('/').then(|| std::path::Path::new(&self.binary))
+    }
+}
+
 impl std::str::FromStr for FuncSpec {
     type Err = String;
 

@@ -1,24 +1,23 @@
 //! `report.md`: the report model as tables a person reads top to bottom. Part A answers where the
 //! time goes and what to change first; Part B is the changelog of what sysprof instrumented.
 
-use std::{fmt::Write as _, path::Path};
+use std::fmt::Write as _;
 
 mod cpu;
 mod gpu;
 mod memory;
 
-use super::{Artifact, Sink, write_file};
+use super::{Artifact, Rendered, Sink};
 use crate::report::{Lost, Report};
 
 pub struct MarkdownReport;
 
 impl Sink for MarkdownReport {
-    fn write(&self, artifact: &Artifact<'_>, dir: &Path) -> anyhow::Result<Option<String>> {
+    fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
         let Artifact::Report(report) = artifact else {
             return Ok(None);
         };
-        write_file(dir, "report.md", render(report).as_bytes())?;
-        Ok(Some("report.md".into()))
+        Ok(Some(Rendered { name: "report.md".into(), bytes: render(report).into_bytes() }))
     }
 }
 
