@@ -4,6 +4,9 @@
 //!
 //! The BPF crate needs nightly, rust-src and bpf-linker. When one is missing this script fails
 //! with the command that installs them (`cargo xtask build-ebpf`) instead of embedding nothing.
+//! `SYSPROF_BPF_SKIP=1` (as aya-build's `AYA_BUILD_SKIP`) embeds an empty object instead, for
+//! `cargo check`/`clippy` on a machine without the BPF toolchain: such a binary says it cannot
+//! trace.
 
 use std::{
     env,
@@ -29,9 +32,18 @@ fn main() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={}", path.display());
     }
     println!("cargo:rerun-if-env-changed=PATH");
+    println!("cargo:rerun-if-env-changed=SYSPROF_BPF_SKIP");
 
-    let object = build_bpf_object(&ebpf_dir)?;
     let out = PathBuf::from(env::var("OUT_DIR")?).join("sysprof.bpf.o");
+    if env::var_os("SYSPROF_BPF_SKIP").is_some_and(|v| v != "0") {
+        println!(
+            "cargo:warning=SYSPROF_BPF_SKIP: no BPF object embedded; this build checks and lints, it cannot trace"
+        );
+        std::fs::write(&out, b"").with_context(|| format!("writing {}", out.display()))?;
+        println!("cargo:rustc-env=SYSPROF_BPF_OBJECT={}", out.display());
+        return Ok(());
+    }
+    let object = build_bpf_object(&ebpf_dir)?;
     std::fs::copy(&object, &out)
         .with_context(|| format!("copying {} to {}", object.display(), out.display()))?;
     println!("cargo:rustc-env=SYSPROF_BPF_OBJECT={}", out.display());

@@ -45,6 +45,7 @@ fn without_privileges_it_says_to_use_sudo() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_missing_pid_is_named() {
     let Some(_guard) = root_guard("a_missing_pid_is_named") else { return };
     let dir = output_dir();
@@ -54,6 +55,7 @@ fn a_missing_pid_is_named() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_pid_that_exits_mid_trace_ends_it_and_keeps_the_samples() {
     let Some(_guard) = root_guard("a_pid_that_exits_mid_trace_ends_it_and_keeps_the_samples") else { return };
     let busy = Background::spawn(Command::new(workload("busy")).arg("3"));
@@ -78,6 +80,7 @@ fn a_pid_that_exits_mid_trace_ends_it_and_keeps_the_samples() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_missing_command_is_named() {
     let Some(_guard) = root_guard("a_missing_command_is_named") else { return };
     let dir = output_dir();
@@ -89,6 +92,7 @@ fn a_missing_command_is_named() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_failing_command_passes_its_status_on_and_is_still_profiled() {
     let Some(_guard) = root_guard("a_failing_command_passes_its_status_on_and_is_still_profiled") else {
         return;
@@ -105,6 +109,7 @@ fn a_failing_command_passes_its_status_on_and_is_still_profiled() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_killed_command_exits_as_shells_report_it() {
     let Some(_guard) = root_guard("a_killed_command_exits_as_shells_report_it") else { return };
     let dir = output_dir();
@@ -115,6 +120,7 @@ fn a_killed_command_exits_as_shells_report_it() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn an_output_path_that_is_a_file_is_refused_before_tracing() {
     let Some(_guard) = root_guard("an_output_path_that_is_a_file_is_refused_before_tracing") else { return };
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -130,6 +136,7 @@ fn an_output_path_that_is_a_file_is_refused_before_tracing() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn an_unwritable_output_directory_is_refused_before_tracing() {
     let Some(_guard) = root_guard("an_unwritable_output_directory_is_refused_before_tracing") else { return };
     // Even root cannot create directories in /proc.
@@ -141,6 +148,7 @@ fn an_unwritable_output_directory_is_refused_before_tracing() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn runs_without_tracefs() {
     let Some(_guard) = root_guard("runs_without_tracefs") else { return };
     let dir = output_dir();
@@ -159,6 +167,7 @@ fn runs_without_tracefs() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn without_kernel_btf_it_warns_and_still_profiles() {
     let Some(_guard) = root_guard("without_kernel_btf_it_warns_and_still_profiles") else { return };
     let dir = output_dir();
@@ -185,6 +194,7 @@ fn without_kernel_btf_it_warns_and_still_profiles() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_missing_hardware_pmu_names_the_fallback() {
     let Some(_guard) = root_guard("a_missing_hardware_pmu_names_the_fallback") else { return };
     let dir = output_dir();
@@ -215,6 +225,7 @@ fn a_missing_hardware_pmu_names_the_fallback() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_full_stack_map_counts_and_reports_the_lost_stacks() {
     let Some(_guard) = root_guard("a_full_stack_map_counts_and_reports_the_lost_stacks") else { return };
     let dir = output_dir();
@@ -238,6 +249,7 @@ fn a_full_stack_map_counts_and_reports_the_lost_stacks() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn interrupting_ends_the_trace_and_writes_everything() {
     let Some(_guard) = root_guard("interrupting_ends_the_trace_and_writes_everything") else { return };
     for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {

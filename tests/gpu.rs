@@ -54,6 +54,7 @@ fn printed_codes(stdout: &str) -> HashMap<String, Vec<i64>> {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn real_libraries_report_the_exact_arguments_and_return_codes() {
     let Some(_guard) = root_guard("real_libraries_report_the_exact_arguments_and_return_codes") else {
         return;
@@ -131,6 +132,7 @@ fn real_libraries_report_the_exact_arguments_and_return_codes() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn test_doubles_exercise_the_success_paths() {
     let Some(_guard) = root_guard("test_doubles_exercise_the_success_paths") else { return };
     let (dir, report, _) = trace_with(&gpu_doubles(), &["--focus", "gpu"], &gpu_app(), &["success"]);
@@ -187,6 +189,7 @@ fn test_doubles_exercise_the_success_paths() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_library_loaded_with_dlopen_is_traced() {
     let Some(_guard) = root_guard("a_library_loaded_with_dlopen_is_traced") else { return };
     let Some(libs) = nvidia_libraries("a_library_loaded_with_dlopen_is_traced") else { return };
@@ -198,6 +201,7 @@ fn a_library_loaded_with_dlopen_is_traced() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn func_times_any_function_with_exact_counts() {
     let Some(_guard) = root_guard("func_times_any_function_with_exact_counts") else { return };
     let dir = output_dir();
@@ -234,6 +238,7 @@ fn func_times_any_function_with_exact_counts() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn no_gpu_library_is_one_line_and_the_rest_runs() {
     let Some(_guard) = root_guard("no_gpu_library_is_one_line_and_the_rest_runs") else { return };
     let dir = output_dir();

@@ -51,6 +51,7 @@ fn trace_memload_by_pid(options: &[&str], args: &[&str]) -> (tempfile::TempDir, 
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn touching_fresh_pages_is_one_minor_fault_each_in_the_touching_function() {
     let Some(_guard) = root_guard("touching_fresh_pages_is_one_minor_fault_each_in_the_touching_function")
     else {
@@ -117,6 +118,7 @@ fn touching_fresh_pages_is_one_minor_fault_each_in_the_touching_function() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn mmap_and_munmap_bytes_come_from_the_arguments() {
     let Some(_guard) = root_guard("mmap_and_munmap_bytes_come_from_the_arguments") else { return };
     const CALLS: u64 = 100;
@@ -132,6 +134,7 @@ fn mmap_and_munmap_bytes_come_from_the_arguments() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks() {
     let Some(_guard) =
         root_guard("malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks")
@@ -185,6 +188,7 @@ fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks(
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_child_started_during_the_trace_gets_its_own_heap_probes() {
     let Some(_guard) = root_guard("a_child_started_during_the_trace_gets_its_own_heap_probes") else {
         return;
@@ -223,6 +227,7 @@ fn a_child_started_during_the_trace_gets_its_own_heap_probes() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_pinned_buffer_copied_again_and_again_is_on_both_sides() {
     let Some(_guard) = root_guard("a_pinned_buffer_copied_again_and_again_is_on_both_sides") else { return };
     let dir = output_dir();

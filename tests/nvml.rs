@@ -20,6 +20,7 @@ fn device<'a>(report: &'a Value, table: &str, index: u64) -> &'a Value {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn polls_the_nvml_double_and_reports_every_table() {
     let Some(_guard) = root_guard("polls_the_nvml_double_and_reports_every_table") else { return };
     let nvml = gpu_doubles().join("libnvidia-ml.so.1");
@@ -102,6 +103,7 @@ fn polls_the_nvml_double_and_reports_every_table() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn nvml_joins_the_traced_allocations() {
     let Some(_guard) = root_guard("nvml_joins_the_traced_allocations") else { return };
     let doubles = gpu_doubles();
@@ -128,6 +130,7 @@ fn nvml_joins_the_traced_allocations() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn without_nvml_one_line_and_everything_else_works() {
     let Some(_guard) = root_guard("without_nvml_one_line_and_everything_else_works") else { return };
     let dir = output_dir();

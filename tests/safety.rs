@@ -26,6 +26,7 @@ fn assert_owned_by(dir: &Path, user: &TestUser) {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn through_sudo_the_command_runs_as_the_user_and_the_results_are_theirs() {
     let Some(_guard) = root_guard("through_sudo_the_command_runs_as_the_user_and_the_results_are_theirs")
     else {
@@ -52,6 +53,7 @@ fn through_sudo_the_command_runs_as_the_user_and_the_results_are_theirs() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn through_sudo_nothing_is_written_through_a_planted_symlink() {
     let Some(_guard) = root_guard("through_sudo_nothing_is_written_through_a_planted_symlink") else {
         return;
@@ -94,6 +96,7 @@ fn through_sudo_nothing_is_written_through_a_planted_symlink() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn through_sudo_only_the_users_own_directories_take_results() {
     let Some(_guard) = root_guard("through_sudo_only_the_users_own_directories_take_results") else { return };
     let user = test_user();
@@ -151,6 +154,7 @@ fn marker_library(dir: &Path, marker: &Path) -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn as_root_no_library_the_user_can_change_is_loaded() {
     let Some(_guard) = root_guard("as_root_no_library_the_user_can_change_is_loaded") else { return };
     let user = test_user();
@@ -196,6 +200,7 @@ fn as_root_no_library_the_user_can_change_is_loaded() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn through_sudo_files_the_user_cannot_read_are_not_opened_and_as_root_is_refused() {
     let Some(_guard) =
         root_guard("through_sudo_files_the_user_cannot_read_are_not_opened_and_as_root_is_refused")
@@ -243,6 +248,7 @@ fn through_sudo_files_the_user_cannot_read_are_not_opened_and_as_root_is_refused
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn with_only_cap_bpf_and_cap_perfmon_sysprof_says_uprobes_cannot_attach() {
     let Some(_guard) = root_guard("with_only_cap_bpf_and_cap_perfmon_sysprof_says_uprobes_cannot_attach")
     else {
@@ -281,6 +287,7 @@ fn with_only_cap_bpf_and_cap_perfmon_sysprof_says_uprobes_cannot_attach() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_closed_or_full_stderr_costs_no_result() {
     let Some(_guard) = root_guard("a_closed_or_full_stderr_costs_no_result") else { return };
     let dir = output_dir();
@@ -332,6 +339,7 @@ fn child_pids(pid: u32) -> Vec<u32> {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn an_interrupt_mid_trace_ends_the_command_and_says_so() {
     let Some(_guard) = root_guard("an_interrupt_mid_trace_ends_the_command_and_says_so") else { return };
     for (signo, name, code) in
@@ -353,6 +361,7 @@ fn an_interrupt_mid_trace_ends_the_command_and_says_so() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn an_interrupt_during_start_up_launches_nothing() {
     let Some(_guard) = root_guard("an_interrupt_during_start_up_launches_nothing") else { return };
     let dir = output_dir();
@@ -388,6 +397,7 @@ fn an_interrupt_during_start_up_launches_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn work_the_command_leaves_running_is_traced_to_its_end() {
     let Some(_guard) = root_guard("work_the_command_leaves_running_is_traced_to_its_end") else { return };
     let busy = workload("busy");
@@ -413,6 +423,7 @@ fn work_the_command_leaves_running_is_traced_to_its_end() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_full_disk_keeps_the_report_and_names_what_was_lost() {
     let Some(_guard) = root_guard("a_full_disk_keeps_the_report_and_names_what_was_lost") else { return };
     let mount = tempfile::tempdir().unwrap();
@@ -464,6 +475,7 @@ fn a_full_disk_keeps_the_report_and_names_what_was_lost() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn an_earlier_runs_files_are_removed_and_only_those() {
     let Some(_guard) = root_guard("an_earlier_runs_files_are_removed_and_only_those") else { return };
     let dir = output_dir();
@@ -490,6 +502,7 @@ fn an_earlier_runs_files_are_removed_and_only_those() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn an_output_directory_removed_mid_trace_is_created_again() {
     let Some(_guard) = root_guard("an_output_directory_removed_mid_trace_is_created_again") else { return };
     let dir = output_dir();
@@ -512,6 +525,7 @@ fn an_output_directory_removed_mid_trace_is_created_again() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn sigkill_leaves_no_probe_and_no_command_behind() {
     let Some(_guard) = root_guard("sigkill_leaves_no_probe_and_no_command_behind") else { return };
     let busy = workload("busy");
@@ -538,6 +552,7 @@ fn sigkill_leaves_no_probe_and_no_command_behind() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_thread_id_is_traced_as_its_process() {
     let Some(_guard) = root_guard("a_thread_id_is_traced_as_its_process") else { return };
     let busy = Background::spawn(Command::new(workload("busy")).args(["10", "2"]));
@@ -574,6 +589,7 @@ fn a_thread_id_is_traced_as_its_process() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn sysprof_never_traces_itself() {
     let Some(_guard) = root_guard("sysprof_never_traces_itself") else { return };
     let dir = output_dir();
@@ -611,6 +627,7 @@ fn sysprof_never_traces_itself() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn check_tells_a_user_the_truth_about_tracefs_and_systemd() {
     let Some(_guard) = root_guard("check_tells_a_user_the_truth_about_tracefs_and_systemd") else { return };
     let user = test_user();
@@ -643,6 +660,7 @@ fn check_tells_a_user_the_truth_about_tracefs_and_systemd() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn what_could_not_be_probed_is_said_and_a_failed_start_leaves_no_directory() {
     let Some(_guard) = root_guard("what_could_not_be_probed_is_said_and_a_failed_start_leaves_no_directory")
     else {

@@ -45,6 +45,7 @@ fn sched_row(report: &Value) -> &Value {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn counts_every_syscall_exactly() {
     let Some(_guard) = root_guard("counts_every_syscall_exactly") else { return };
     // Enough calls in one stretch that latency is sampled: the count must still be exact.
@@ -61,6 +62,7 @@ fn counts_every_syscall_exactly() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn counts_failed_calls_by_errno() {
     let Some(_guard) = root_guard("counts_failed_calls_by_errno") else { return };
     let (_dir, report) = trace_sysload(&["--focus", "syscalls"], &["badclose", "5000"]);
@@ -76,6 +78,7 @@ fn counts_failed_calls_by_errno() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn sleeps_are_voluntary_switches_and_off_cpu_time_in_the_sleeping_function() {
     let Some(_guard) = root_guard("sleeps_are_voluntary_switches_and_off_cpu_time_in_the_sleeping_function")
     else {
@@ -106,6 +109,7 @@ fn sleeps_are_voluntary_switches_and_off_cpu_time_in_the_sleeping_function() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn more_busy_threads_than_cpus_means_involuntary_switches_and_full_cpus() {
     let Some(_guard) = root_guard("more_busy_threads_than_cpus_means_involuntary_switches_and_full_cpus")
     else {
@@ -142,6 +146,7 @@ fn more_busy_threads_than_cpus_means_involuntary_switches_and_full_cpus() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn latency_percentiles_match_known_sleeps() {
     let Some(_guard) = root_guard("latency_percentiles_match_known_sleeps") else { return };
     // 100 sleeps of 1 ms, then 10 of 20 ms: p50 and p90 are about 1 ms, p99 about 20 ms.
@@ -163,6 +168,7 @@ fn latency_percentiles_match_known_sleeps() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn lock_contention_is_found_with_its_function() {
     let Some(_guard) = root_guard("lock_contention_is_found_with_its_function") else { return };
     let (_dir, report) = trace_sysload(&["--focus", "sched"], &["lockstorm", "4", "1.5"]);
@@ -183,6 +189,7 @@ fn lock_contention_is_found_with_its_function() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn tiny_writes_are_recommended_for_batching() {
     let Some(_guard) = root_guard("tiny_writes_are_recommended_for_batching") else { return };
     let (_dir, report) = trace_sysload(&["--focus", "syscalls"], &["smallwrites", "200000"]);
@@ -197,6 +204,7 @@ fn tiny_writes_are_recommended_for_batching() {
 }
 
 #[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn the_report_has_every_table() {
     let Some(_guard) = root_guard("the_report_has_every_table") else { return };
     let dir = output_dir();

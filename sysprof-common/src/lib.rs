@@ -627,34 +627,34 @@ mod pod {
     unsafe impl aya::Pod for super::OffCpuValue {}
 }
 
+/// Every shared type is exactly its fields, with no padding the two sides could disagree on
+/// (checked at compile time, on both sides).
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<Config>() == 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 10 * 4);
+    assert!(size_of::<SampleKey>() == 4 * 4 + TASK_COMM_LEN);
+    assert!(size_of::<ProcessEvent>() == 4 * 4 + 8 + TASK_COMM_LEN);
+    assert!(size_of::<LatencyHistogram>() == 3 * 8 + 4 * histogram::BUCKETS);
+    assert!(size_of::<SyscallStats>() == size_of::<LatencyHistogram>() + 4 * 8);
+    assert!(size_of::<SyscallErrorKey>() == 16);
+    assert!(size_of::<InFlight>() == 56);
+    assert!(size_of::<CallKey>() == 32);
+    assert!(size_of::<AddressSpace>() == 11 * 8);
+    assert!(size_of::<FaultKey>() == 16);
+    assert!(size_of::<ProcessAllocs>() == 6 * 8 + size_of::<LatencyHistogram>());
+    assert!(size_of::<LiveKey>() == 16);
+    assert!(size_of::<AllocKey>() == 16);
+    assert!(size_of::<LiveAlloc>() == 24);
+    assert!(size_of::<CallStats>() == 8 + size_of::<LatencyHistogram>());
+    assert!(size_of::<CallEvent>() == 4 * 4 + 3 * 8 + 8 * 8 + 2 * 8);
+    assert!(size_of::<SyscallSlot>() == 8 + 56 + 16 * PENDING_COUNTS);
+    assert!(size_of::<ThreadSched>() == 2 * 4 + 5 * 8 + TASK_COMM_LEN);
+    assert!(size_of::<OffCpuKey>() == 16);
+};
+
 #[cfg(test)]
 mod tests {
-    use core::mem::size_of;
-
     use super::*;
-
-    #[test]
-    fn shared_types_have_no_padding() {
-        assert_eq!(size_of::<Config>(), 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 10 * 4);
-        assert_eq!(size_of::<SampleKey>(), 4 * 4 + TASK_COMM_LEN);
-        assert_eq!(size_of::<ProcessEvent>(), 4 * 4 + 8 + TASK_COMM_LEN);
-        assert_eq!(size_of::<LatencyHistogram>(), 3 * 8 + 4 * histogram::BUCKETS);
-        assert_eq!(size_of::<SyscallStats>(), size_of::<LatencyHistogram>() + 4 * 8);
-        assert_eq!(size_of::<SyscallErrorKey>(), 16);
-        assert_eq!(size_of::<InFlight>(), 56);
-        assert_eq!(size_of::<CallKey>(), 32);
-        assert_eq!(size_of::<AddressSpace>(), 11 * 8);
-        assert_eq!(size_of::<FaultKey>(), 16);
-        assert_eq!(size_of::<ProcessAllocs>(), 6 * 8 + size_of::<LatencyHistogram>());
-        assert_eq!(size_of::<LiveKey>(), 16);
-        assert_eq!(size_of::<AllocKey>(), 16);
-        assert_eq!(size_of::<LiveAlloc>(), 24);
-        assert_eq!(size_of::<CallStats>(), 8 + size_of::<LatencyHistogram>());
-        assert_eq!(size_of::<CallEvent>(), 4 * 4 + 3 * 8 + 8 * 8 + 2 * 8);
-        assert_eq!(size_of::<SyscallSlot>(), 8 + 56 + 16 * PENDING_COUNTS);
-        assert_eq!(size_of::<ThreadSched>(), 2 * 4 + 5 * 8 + TASK_COMM_LEN);
-        assert_eq!(size_of::<OffCpuKey>(), 16);
-    }
 
     #[test]
     fn histogram_buckets_tile_the_values() {

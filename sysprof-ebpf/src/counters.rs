@@ -1,8 +1,11 @@
 //! Per-CPU counters: no atomics needed, userspace sums the CPUs.
 
+use aya_ebpf::{macros::map, maps::PerCpuArray};
 use sysprof_common::Counter;
 
-use crate::maps::COUNTERS;
+/// What the programs saw and lost, per CPU, indexed by `Counter`.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::SLOTS, 0);
 
 #[inline(always)]
 pub fn add(counter: Counter, n: u64) {

@@ -3,7 +3,7 @@
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
+    maps::{Array, HashMap, RingBuf, StackTrace},
     programs::tracing::StackIdContext,
 };
 use sysprof_common::{Counter, capacity, stack};
@@ -21,10 +21,6 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGE
 /// Bumped on every change to `TARGETS` (by the programs and by userspace).
 #[map]
 pub static TARGETS_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
-
-/// What the programs saw and lost, per CPU, indexed by `Counter`.
-#[map]
-pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::SLOTS, 0);
 
 /// Process life-cycle events for userspace.
 #[map]

@@ -76,8 +76,8 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: plain helper call.
     let timed = !in_burst || unsafe { bpf_get_prandom_u32() } % every == 0;
     let nr: i64 = ctx.arg(1);
-    let args = if config.address_space != 0 && memory::is_address_space_call(nr as u32) {
-        memory::syscall_args(&ctx)
+    let args = if config.address_space != 0 && memory::address_space::is_address_space_call(nr as u32) {
+        memory::address_space::syscall_args(&ctx)
     } else {
         [0; 3]
     };
@@ -120,7 +120,7 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
     };
     let ret: i64 = ctx.arg(1);
     if config().address_space != 0 {
-        memory::account_address_space(&call, ret);
+        memory::address_space::account_address_space(&call, ret);
     }
     record_call(slot, &call, ret);
     0

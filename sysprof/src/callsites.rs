@@ -9,13 +9,21 @@ use sysprof_common::{CallKey, CallStats, stack};
 use crate::{
     gpu::{
         functions::{self, Kind},
-        report::Names,
         state::GpuState,
     },
     procs::ProcessTable,
     profile::{ResolvedStacks, StackSample},
     symbolize::{Frame, Symbolizer},
 };
+
+/// Resolves call sites and launched kernels to names.
+pub trait Names {
+    /// Where a call came from: its caller (the return address), or the first frame outside
+    /// the CUDA/NCCL/C libraries on its stack.
+    fn call_site(&self, tgid: u32, stack: i32, caller: u64) -> String;
+    /// The symbol at `address` in process `tgid` (a kernel's host stub).
+    fn symbol(&self, tgid: u32, address: u64) -> String;
+}
 
 /// Libraries whose frames are the mechanism of a call, not its caller.
 const RUNTIME_MODULES: [&str; 11] = [

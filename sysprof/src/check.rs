@@ -200,13 +200,8 @@ fn btf_finding() -> Finding {
     }
 }
 
-/// kernel.perf_event_paranoid, when readable.
-pub fn perf_event_paranoid() -> Option<i32> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
-}
-
 fn paranoid_finding() -> Finding {
-    match perf_event_paranoid() {
+    match privileges::perf_event_paranoid() {
         Some(level) => Finding {
             name: "perf_event_paranoid",
             status: "ok",

@@ -142,7 +142,7 @@ pub struct TraceArgs {
     /// Time a function of the target: BIN is a path, or the name of a binary or library the
     /// target maps (repeatable)
     #[arg(long = "func", value_name = "BIN:SYMBOL")]
-    pub funcs: Vec<crate::uprobes::FuncSpec>,
+    pub funcs: Vec<crate::config::FuncSpec>,
 
     /// Directory for the results
     #[arg(short, long, value_name = "DIR", default_value = "profile_output")]

@@ -22,9 +22,9 @@ use crate::{
     gpu::GpuTracer,
     launch::CommandWatch,
     memory::heap::HeapTracer,
-    output::thousands,
     probes::Probes,
     procs::ProcessTable,
+    report::format::thousands,
     selfcost::StatsWindows,
     terminal::{say, stderr_line},
 };

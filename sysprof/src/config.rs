@@ -102,7 +102,7 @@ pub struct TraceConfig {
     /// CUDA and NCCL libraries to probe besides (or instead of) the ones found in the target.
     pub gpu_libraries: Vec<PathBuf>,
     /// Functions to time (`--func BIN:SYMBOL`).
-    pub functions: Vec<crate::uprobes::FuncSpec>,
+    pub functions: Vec<FuncSpec>,
     /// How often NVML is polled.
     pub gpu_interval: Duration,
     /// The NVML library (default: the driver's libnvidia-ml.so.1).
@@ -149,5 +149,34 @@ impl TraceConfig {
     /// Whether a probe family is on for this run.
     pub fn wants(&self, family: Family) -> bool {
         self.focus.is_empty() || self.focus.contains(&family)
+    }
+}
+
+/// A `--func BIN:SYMBOL` request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FuncSpec {
+    /// A path, or a file name looked up in the target's memory map.
+    pub binary: String,
+    pub symbol: String,
+}
+
+impl FuncSpec {
+    /// The binary as a path, when it is one (not a name looked up in the target's maps).
+    pub fn path(&self) -> Option<&std::path::Path> {
+        self.binary.contains('/').then(|| std::path::Path::new(&self.binary))
+    }
+}
+
+impl std::str::FromStr for FuncSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (binary, symbol) = text
+            .rsplit_once(':')
+            .filter(|(binary, symbol)| !binary.is_empty() && !symbol.is_empty())
+            .ok_or_else(|| {
+                format!("expected BIN:SYMBOL (a path or library name, then a function), got {text:?}")
+            })?;
+        Ok(FuncSpec { binary: binary.to_string(), symbol: symbol.to_string() })
     }
 }

@@ -3,6 +3,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
+    path::PathBuf,
     time::{Duration, SystemTime},
 };
 
@@ -22,20 +23,33 @@ use crate::{
         report::MemoryReport,
     },
     nvml::{self, report::GpuMetricsReport},
-    output::{self, Artifact, OutputDir, Rendered, thousands},
+    output::{self, Artifact, OutputDir, Rendered},
     probes::{
         AttachedProbe, Counters, CpuSamples, Detaching, MemoryDump, Probes, ProgramCost, SchedDump,
         SyscallDump,
     },
     procs::ProcessTable,
     profile::{self, ResolvedStacks, StackProfile},
-    report::{self, Instrumentation, Lost, Recommendation, Report, RunSummary},
+    report::{self, Instrumentation, Lost, Recommendation, Report, RunSummary, format::thousands},
     sched, selfcost,
     symbolize::Symbolizer,
     syscalls,
     terminal::{say, stderr_line},
-    trace::TraceOutcome,
 };
+
+/// How a trace ended, for the caller and the exit code.
+#[derive(Clone, Debug)]
+pub struct TraceOutcome {
+    /// 0, or the command's exit code for `-- CMD` (128 + signal when it was killed).
+    pub exit_code: u8,
+    pub output_dir: PathBuf,
+    /// Files written, relative to `output_dir`.
+    pub files: Vec<String>,
+    /// Files that could not be written, with why (a full disk, ...).
+    pub unwritten: Vec<(String, String)>,
+    pub samples: u64,
+    pub lost: u64,
+}
 
 /// Number of hotspot rows in the report.
 const HOTSPOTS: usize = 25;
@@ -182,7 +196,7 @@ impl Finish {
         }
         let (command_status, exit_code) = match &window.command {
             Some(end) => {
-                let (text, code) = launch::describe_end(end, &window.ended_by);
+                let (text, code) = describe_end(end, &window.ended_by);
                 (Some(text), code)
             }
             None => (None, 0),
@@ -313,9 +327,9 @@ fn write_all(
                 skipped.push(format!(
                     "{} could not be written: it needs {} and {} had {} free",
                     file.name,
-                    output::bytes(needs),
+                    report::format::bytes(needs),
                     output.path().display(),
-                    output::bytes(free)
+                    report::format::bytes(free)
                 ));
             }
             fits
@@ -431,6 +445,49 @@ impl Ranked<'_> {
         out.sort_by(|a, b| b.impact.total_cmp(&a.impact));
         out
     }
+}
+
+/// How `-- CMD` ended, in words, and the exit code of sysprof's run: the command's own when it
+/// exited by itself; 128 + the signal when a signal to sysprof interrupted the run and sysprof
+/// ended the command; 0 when `--duration` ran out first.
+fn describe_end(end: &CommandEnd, ended_by: &EndReason) -> (String, u8) {
+    let own = end.status.map(launch::describe_exit);
+    let Some((signal, count)) = end.ended_by_sysprof else {
+        return own.unwrap_or_else(|| ("still running when the trace ended".into(), 0));
+    };
+    let code = match ended_by {
+        EndReason::Signal(interrupt) => interrupt.exit_code(),
+        _ => own.as_ref().filter(|_| !end.command_was_running).map_or(0, |(_, code)| *code),
+    };
+    let others = count - usize::from(end.command_was_running);
+    let why = match ended_by {
+        EndReason::Signal(signal) => signal.name().to_string(),
+        EndReason::Duration => "--duration".to_string(),
+        other => other.describe(),
+    };
+    let plural = |n: usize| if n == 1 { "process" } else { "processes" };
+    let text = if end.command_was_running {
+        let what = match others {
+            0 => "it".to_string(),
+            n => format!("it and the {n} {} it started", plural(n)),
+        };
+        format!(
+            "still running when the trace ended ({why}): sysprof ended {what} with {signal}; the command {}",
+            own.map_or("did not report its status".to_string(), |(text, _)| {
+                match text.strip_prefix("exit status ") {
+                    Some(code) => format!("exited with status {code}"),
+                    None => format!("was {text}"),
+                }
+            }),
+        )
+    } else {
+        format!(
+            "{}; sysprof ended the {others} {} it left running with {signal} when the trace ended ({why})",
+            own.map_or_else(String::new, |(text, _)| text),
+            plural(others),
+        )
+    };
+    (text, code)
 }
 
 /// What the uprobe tracers could not do, one line each, also said on the terminal: a probe

@@ -9,7 +9,7 @@ use serde::Serialize;
 use sysprof_common::{CallKey, CallStats};
 
 use crate::{
-    gpu::report::Names,
+    callsites::Names,
     latency::{self, Percentiles},
     probes::Probes,
     procmaps::Backing,

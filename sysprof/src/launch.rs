@@ -23,7 +23,7 @@ use anyhow::Context as _;
 
 use tokio::sync::oneshot;
 
-use crate::{collect::EndReason, error::Error, privileges::InvokingUser, procs::ProcessTable};
+use crate::{error::Error, privileges::InvokingUser, procs::ProcessTable};
 
 /// A child created and waiting at the gate.
 pub struct GatedChild {
@@ -274,49 +274,6 @@ fn spawn_error(program: &str, error: std::io::Error) -> anyhow::Error {
         std::io::ErrorKind::NotFound => Error::CommandNotFound(program.to_string()).into(),
         _ => Error::CommandNotRunnable { program: program.to_string(), reason: error.to_string() }.into(),
     }
-}
-
-/// How `-- CMD` ended, in words, and the exit code of sysprof's run: the command's own when it
-/// exited by itself; 128 + the signal when a signal to sysprof interrupted the run and sysprof
-/// ended the command; 0 when `--duration` ran out first.
-pub fn describe_end(end: &CommandEnd, ended_by: &EndReason) -> (String, u8) {
-    let own = end.status.map(describe_exit);
-    let Some((signal, count)) = end.ended_by_sysprof else {
-        return own.unwrap_or_else(|| ("still running when the trace ended".into(), 0));
-    };
-    let code = match ended_by {
-        EndReason::Signal(interrupt) => interrupt.exit_code(),
-        _ => own.as_ref().filter(|_| !end.command_was_running).map_or(0, |(_, code)| *code),
-    };
-    let others = count - usize::from(end.command_was_running);
-    let why = match ended_by {
-        EndReason::Signal(signal) => signal.name().to_string(),
-        EndReason::Duration => "--duration".to_string(),
-        other => other.describe(),
-    };
-    let plural = |n: usize| if n == 1 { "process" } else { "processes" };
-    let text = if end.command_was_running {
-        let what = match others {
-            0 => "it".to_string(),
-            n => format!("it and the {n} {} it started", plural(n)),
-        };
-        format!(
-            "still running when the trace ended ({why}): sysprof ended {what} with {signal}; the command {}",
-            own.map_or("did not report its status".to_string(), |(text, _)| {
-                match text.strip_prefix("exit status ") {
-                    Some(code) => format!("exited with status {code}"),
-                    None => format!("was {text}"),
-                }
-            }),
-        )
-    } else {
-        format!(
-            "{}; sysprof ended the {others} {} it left running with {signal} when the trace ended ({why})",
-            own.map_or_else(String::new, |(text, _)| text),
-            plural(others),
-        )
-    };
-    (text, code)
 }
 
 /// How a command ended, in words, and the exit code sysprof passes on (128 + signal when killed,

@@ -47,4 +47,5 @@ pub mod terminal;
 pub mod trace;
 pub mod uprobes;
 
-pub use trace::{TraceOutcome, trace};
+pub use finish::TraceOutcome;
+pub use trace::trace;

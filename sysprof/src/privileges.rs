@@ -187,6 +187,11 @@ pub fn trusted_library(path: &Path) -> Result<PathBuf, String> {
     Ok(resolved)
 }
 
+/// kernel.perf_event_paranoid, when readable.
+pub fn perf_event_paranoid() -> Option<i32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
+}
+
 /// Whether sysprof runs as root, where [`trusted_library`] applies.
 pub fn is_root() -> bool {
     Uid::effective().is_root()

@@ -162,6 +162,12 @@ impl Probes {
     /// Loads the object with `config` baked into its read-only data and its maps sized. No
     /// program runs yet.
     pub fn load(config: &Config, sizes: MapSizes) -> anyhow::Result<Self> {
+        if BPF_OBJECT.is_empty() {
+            anyhow::bail!(
+                "this sysprof was built with SYSPROF_BPF_SKIP and carries no BPF programs: build it with \
+                 `cargo xtask build`"
+            );
+        }
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
@@ -648,17 +654,36 @@ fn rejected(program: &str, error: ProgramError) -> anyhow::Error {
         .unwrap_or_else(|_| "unknown".into());
     let reason = match &error {
         ProgramError::LoadError { io_error, verifier_log } => {
-            let log_path = std::env::temp_dir().join(format!("sysprof-verifier-{program}.log"));
-            let saved = std::fs::write(&log_path, verifier_log.to_string()).is_ok();
-            if saved {
-                format!("{io_error}; verifier log in {}", log_path.display())
-            } else {
-                io_error.to_string()
+            match save_log(&std::env::temp_dir(), program, &verifier_log.to_string()) {
+                Some(path) => format!("{io_error}; verifier log in {}", path.display()),
+                None => io_error.to_string(),
             }
         }
         other => other.to_string(),
     };
     Error::ProgramRejected { program: program.into(), reason, kernel }.into()
+}
+
+/// Saves a verifier log in `dir` under a new name. /tmp is anyone's, and sysprof runs as root:
+/// the file must be a new one of its own (`O_EXCL|O_NOFOLLOW`: a name planted there, a symlink
+/// to /etc/passwd say, is never written through), readable by root alone.
+fn save_log(dir: &std::path::Path, program: &str, log: &str) -> Option<std::path::PathBuf> {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    for attempt in 0..16 {
+        let path = dir.join(format!("sysprof-verifier-{program}-{}-{attempt}.log", std::process::id()));
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path);
+        match opened {
+            Ok(mut file) => return file.write_all(log.as_bytes()).ok().map(|()| path),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// A page-fault event the kernel does not offer, or the usual perf_event_open failures.
@@ -695,7 +720,7 @@ fn perf_event_error(event: &str, error: ProgramError) -> anyhow::Error {
         }
         .into(),
         Some(libc::EACCES | libc::EPERM) => {
-            Error::PerfEventsRestricted { paranoid: crate::check::perf_event_paranoid().unwrap_or(-1) }.into()
+            Error::PerfEventsRestricted { paranoid: privileges::perf_event_paranoid().unwrap_or(-1) }.into()
         }
         _ => anyhow::Error::new(error).context(format!("opening the {event} perf event")),
     }
@@ -721,6 +746,19 @@ fn cpu_ranges(cpus: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verifier_log_is_never_written_through_a_planted_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("precious");
+        std::fs::write(&precious, "keep").unwrap();
+        let planted = dir.path().join(format!("sysprof-verifier-cpu_sample-{}-0.log", std::process::id()));
+        std::os::unix::fs::symlink(&precious, &planted).unwrap();
+        let saved = save_log(dir.path(), "cpu_sample", "the log").unwrap();
+        assert_ne!(saved, planted);
+        assert_eq!(std::fs::read_to_string(&saved).unwrap(), "the log");
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
+    }
 
     #[test]
     fn cpu_lists_read_as_ranges() {

@@ -2,10 +2,7 @@
 //! symbolize -> write. Whatever ends the trace (duration, Ctrl-C, SIGTERM, the command's or the
 //! targets' exit), the probes are detached and everything collected is written.
 
-use std::{
-    path::{Path, PathBuf},
-    time::SystemTime,
-};
+use std::{path::Path, time::SystemTime};
 
 use anyhow::Context as _;
 use sysprof_common::{Config, capacity, filter};
@@ -16,7 +13,7 @@ use crate::{
     config::{Family, Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
-    finish::{Finish, Window},
+    finish::{Finish, TraceOutcome, Window},
     funcs::FuncTracer,
     gpu::GpuTracer,
     launch::GatedChild,
@@ -30,20 +27,6 @@ use crate::{
     terminal::say,
     uprobes::calibrate,
 };
-
-/// How a trace ended, for the caller and the exit code.
-#[derive(Clone, Debug)]
-pub struct TraceOutcome {
-    /// 0, or the command's exit code for `-- CMD` (128 + signal when it was killed).
-    pub exit_code: u8,
-    pub output_dir: PathBuf,
-    /// Files written, relative to `output_dir`.
-    pub files: Vec<String>,
-    /// Files that could not be written, with why (a full disk, ...).
-    pub unwritten: Vec<(String, String)>,
-    pub samples: u64,
-    pub lost: u64,
-}
 
 /// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled, and the
 /// sampling ratio then.

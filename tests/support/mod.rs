@@ -24,7 +24,9 @@ pub fn run_sysprof(args: &[&str]) -> Output {
 
 /// Permission to run a test that loads BPF programs: a serializing guard (programs from two
 /// traces at once would skew CPU shares and the detach checks), or `None` when the test must
-/// skip. Outside CI a non-root run skips with one line; in CI (CI=true) a skip is a failure.
+/// skip. Such tests are `#[ignore = "needs root..."]`, so a run without root lists them as
+/// ignored; `cargo xtask test` includes them as root. One included without root anyway skips
+/// with one line outside CI; in CI (CI=true) it fails.
 pub fn root_guard(test: &str) -> Option<MutexGuard<'static, ()>> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;

@@ -6,7 +6,9 @@
 //   busy [SECONDS] [THREADS]      burn for SECONDS (default 5) on THREADS threads (default 1)
 //   busy --spawn-child SECONDS    as above on one thread, and after 0.3 s run a short-lived
 //                                 child process (busy --child) that burns in child_only_work
-//   busy --child SECONDS          burn in child_only_work, then exit
+//   busy --child SECONDS          burn in child_only_work, then print "child_cpu_ns=N" (the CPU
+//                                 time it got, which a busy machine makes less than SECONDS)
+//                                 and exit
 //   busy --work ROUNDS [THREADS]  a fixed amount of work (ROUNDS rounds per thread), then print
 //                                 "elapsed_ns=N" (the benchmark's timer: the workload times
 //                                 itself, so a profiler's start-up is not counted)
@@ -87,6 +89,9 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "--child") == 0) {
         double end = now() + (argc >= 3 ? atof(argv[2]) : 0.4);
         while (now() < end) child_only_work(4);
+        struct timespec cpu;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+        printf("child_cpu_ns=%.0f\n", cpu.tv_sec * 1e9 + cpu.tv_nsec);
         return 0;
     }
     if (argc >= 2 && strcmp(argv[1], "--spawn-child") == 0) {

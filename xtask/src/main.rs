@@ -106,13 +106,21 @@ fn test(root: &Path, args: &[String]) -> anyhow::Result<()> {
         Err(error) if std::env::var_os("CI").is_some() => return Err(error),
         Err(error) => eprintln!("xtask: {error:#}: the tests on NVIDIA's real libraries will skip"),
     }
-    if !is_root() {
+    cargo_test.current_dir(root).args(["test", "--workspace"]).args(args);
+    if is_root() {
+        // The tests that load BPF programs are #[ignore]d ("needs root"), so that a run
+        // without root shows them as ignored rather than passed: as root, run them too.
+        if !args.iter().any(|a| a == "--") {
+            cargo_test.arg("--");
+        }
+        cargo_test.arg("--include-ignored");
+    } else {
         eprintln!(
-            "xtask: not root: tests that load BPF programs will skip (run `sudo -E env PATH=$PATH cargo xtask test` \
-             to run them)"
+            "xtask: not root: the tests that load BPF programs are ignored (run `sudo -E env PATH=$PATH cargo \
+             xtask test` to run them)"
         );
     }
-    run(cargo_test.current_dir(root).args(["test", "--workspace"]).args(args))
+    run(&mut cargo_test)
 }
 
 fn is_root() -> bool {

@@ -13,9 +13,12 @@ use super::{
     state::GpuState,
 };
 use crate::{
+    callsites::Names,
     latency::{self, Percentiles},
-    output::{bytes, thousands},
-    report::Recommendation,
+    report::{
+        format::{bytes, thousands},
+        recommendation::Recommendation,
+    },
 };
 
 /// The GPU sections.
@@ -145,15 +148,6 @@ pub struct ProbeCost {
     pub hits: u64,
     /// hits x cost: time added to the target's threads.
     pub added_s: f64,
-}
-
-/// Resolves call sites and launched kernels to names.
-pub trait Names {
-    /// Where a call came from: its caller (the return address), or the first frame outside
-    /// the CUDA/NCCL/C libraries on its stack.
-    fn call_site(&self, tgid: u32, stack: i32, caller: u64) -> String;
-    /// The symbol at `address` in process `tgid` (a kernel's host stub).
-    fn symbol(&self, tgid: u32, address: u64) -> String;
 }
 
 /// Builds the GPU report. `calls` are the kernel-side statistics of the GPU functions.

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 use sysprof_common::{LiveAlloc, LiveKey};
 
-use crate::gpu::{report::Names, state::GpuState};
+use crate::{callsites::Names, gpu::state::GpuState};
 
 /// Rows kept in the report.
 const RANGES: usize = 50;

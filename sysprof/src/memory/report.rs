@@ -17,10 +17,10 @@ use crate::{
     gpu::{functions::Pool, report::ProbeCost, state::GpuState},
     latency,
     nvml::report::GpuMetricsReport,
-    output::{bytes, thousands},
     probes::MemoryDump,
     procs::ProcessTable,
-    report::Recommendation,
+    report::format::{bytes, thousands},
+    report::recommendation::Recommendation,
 };
 
 /// Processes whose memory series go into report.json.

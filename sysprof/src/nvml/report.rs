@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use super::{Sample, topology::Topology};
-use crate::{gpu::report::GpuReport, report::Recommendation};
+use crate::{gpu::report::GpuReport, report::recommendation::Recommendation};
 
 /// What the NVML figures mean, quoted in the report.
 pub const MEANINGS: [&str; 5] = [

@@ -31,7 +31,7 @@ pub use self::{
     flamegraph::Flamegraph,
     folded::Folded,
     json::JsonReport,
-    markdown::{MarkdownReport, bytes, render as render_markdown, thousands},
+    markdown::{MarkdownReport, render as render_markdown},
 };
 use crate::{
     error::Error,

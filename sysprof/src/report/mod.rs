@@ -1,14 +1,17 @@
 //! The report model: one structure that every dimension adds its tables and recommendations
 //! to, rendered as report.md and serialized as report.json.
 
+pub mod format;
 mod hotspots;
 mod recommend;
+pub mod recommendation;
 
 use serde::Serialize;
 
 pub use self::{
     hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
     recommend::{cpu_recommendations, sched_recommendations, syscall_recommendations},
+    recommendation::Recommendation,
 };
 use crate::{
     config::SampleEvent,
@@ -119,17 +122,6 @@ impl Lost {
             + self.faults
             + self.allocations
     }
-}
-
-/// One recommendation: the figure behind it and what to do.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Recommendation {
-    /// Share of the measured time the change could win back (0 to 1): the ranking key.
-    pub impact: f64,
-    pub title: String,
-    /// The measured figure that supports it.
-    pub evidence: String,
-    pub action: String,
 }
 
 /// sysprof's own cost during the run.

@@ -3,7 +3,8 @@
 
 use super::{Hotspot, Recommendation};
 use crate::{
-    latency::format_ns, output::thousands, profile::StackProfile, sched::SchedReport, syscalls::SyscallReport,
+    latency::format_ns, profile::StackProfile, report::format::thousands, sched::SchedReport,
+    syscalls::SyscallReport,
 };
 
 /// Self share above which a single function is worth a recommendation of its own.

@@ -20,34 +20,7 @@ use crate::probes::Probes;
 /// Ids of `--func` functions start here (GPU functions use the ids below).
 pub const USER_FUNCTION_BASE: u32 = 1000;
 
-/// A `--func BIN:SYMBOL` request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FuncSpec {
-    /// A path, or a file name looked up in the target's memory map.
-    pub binary: String,
-    pub symbol: String,
-}
-
-impl FuncSpec {
-    /// The binary as a path, when it is one (not a name looked up in the target's maps).
-    pub fn path(&self) -> Option<&std::path::Path> {
-        self.binary.contains('/').then(|| std::path::Path::new(&self.binary))
-    }
-}
-
-impl std::str::FromStr for FuncSpec {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (binary, symbol) = text
-            .rsplit_once(':')
-            .filter(|(binary, symbol)| !binary.is_empty() && !symbol.is_empty())
-            .ok_or_else(|| {
-                format!("expected BIN:SYMBOL (a path or library name, then a function), got {text:?}")
-            })?;
-        Ok(FuncSpec { binary: binary.to_string(), symbol: symbol.to_string() })
-    }
-}
+pub use crate::config::FuncSpec;
 
 /// One function attached in one file.
 #[derive(Clone, Debug, PartialEq, Eq)]

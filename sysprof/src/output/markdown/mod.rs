@@ -8,7 +8,10 @@ mod gpu;
 mod memory;
 
 use super::{Artifact, Rendered, Sink};
-use crate::report::{Lost, Report};
+use crate::report::{
+    Lost, Report,
+    format::{bytes, percent, thousands},
+};
 
 pub struct MarkdownReport;
 
@@ -230,53 +233,4 @@ fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
 
 fn escape(text: &str) -> String {
     text.replace('|', "\\|")
-}
-
-fn percent(share: f64) -> String {
-    format!("{:.1}%", share * 100.0)
-}
-
-/// 1234567 -> "1,234,567".
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
-}
-
-/// "1.5 MiB".
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_counts_read_naturally() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(4096), "4.0 KiB");
-        assert_eq!(bytes(3 << 20), "3.0 MiB");
-    }
-
-    #[test]
-    fn thousands_are_grouped() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1000), "1,000");
-        assert_eq!(thousands(1234567), "1,234,567");
-    }
 }

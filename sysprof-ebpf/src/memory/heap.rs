@@ -1,37 +1,19 @@
-//! Memory: page faults (minor and major) with sampled stacks, address-space changes from the
-//! mmap/munmap/brk/mremap syscalls' arguments, and, with `--malloc`, the heap: every
-//! malloc/calloc/realloc/free of the allocator the target uses, aggregated in the kernel by call
-//! site, with live and peak bytes per process.
+//! The heap, with `--malloc`: every malloc/calloc/realloc/free of the allocator the target
+//! uses, aggregated in the kernel by call site, with live and peak bytes per process.
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, pt_regs},
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::bpf_get_attach_cookie,
-    },
-    macros::{map, perf_event, uprobe, uretprobe},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
+    macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap},
-    programs::{BtfTracePointContext, PerfEventContext, ProbeContext, RetProbeContext},
+    programs::{ProbeContext, RetProbeContext},
 };
-use sysprof_common::{
-    AddressSpace, AllocKey, AllocStats, Counter, FaultKey, InFlight, LiveAlloc, LiveKey, ProcessAllocs,
-    alloc, capacity,
-};
+use sysprof_common::{AllocKey, AllocStats, Counter, LiveAlloc, LiveKey, ProcessAllocs, alloc, capacity};
 
 use crate::{
-    atomic, config::config, counters, histogram::record, maps::stack_id, nesting::Nesting, target,
-    task_state::TaskStorage,
+    atomic, counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage,
 };
-
-#[map]
-static ADDRESS_SPACE: HashMap<u32, AddressSpace> = HashMap::with_max_entries(capacity::ADDRESS_SPACE, 0);
-
-#[map]
-static FAULT_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(capacity::FAULT_COUNTS, 0);
-
-#[map]
-static FAULT_STACKS: HashMap<FaultKey, u64> = HashMap::with_max_entries(capacity::FAULT_STACKS, 0);
 
 #[map]
 static ALLOC_STACKS: HashMap<AllocKey, AllocStats> = HashMap::with_max_entries(capacity::ALLOC_STACKS, 0);
@@ -45,144 +27,6 @@ static ZERO_PROCESS_ALLOCS: Array<ProcessAllocs> = Array::with_max_entries(1, 0)
 
 #[map]
 static LIVE_ALLOCS: LruHashMap<LiveKey, LiveAlloc> = LruHashMap::with_max_entries(capacity::LIVE_ALLOCS, 0);
-
-/// Highest errno a syscall returns.
-const MAX_ERRNO: i64 = 4095;
-
-// --- Address space ---------------------------------------------------------------------------
-
-#[inline(always)]
-pub fn is_address_space_call(nr: u32) -> bool {
-    let c = config();
-    nr == c.nr_mmap || nr == c.nr_munmap || nr == c.nr_brk || nr == c.nr_mremap
-}
-
-/// The first three syscall arguments, from the tracepoint's `struct pt_regs *`.
-#[inline(always)]
-pub fn syscall_args(ctx: &BtfTracePointContext) -> [u64; 3] {
-    let regs: *const pt_regs = ctx.arg(0);
-    // SAFETY: `regs` is the syscall's register frame; the helper checks the reads.
-    let read = |field: *const u64| unsafe { bpf_probe_read_kernel(field) }.unwrap_or(0);
-    #[cfg(bpf_target_arch = "x86_64")]
-    // SAFETY: field addresses of a valid kernel pointer, read by the helper.
-    unsafe {
-        [read(&raw const (*regs).rdi), read(&raw const (*regs).rsi), read(&raw const (*regs).rdx)]
-    }
-    #[cfg(bpf_target_arch = "aarch64")]
-    // SAFETY: as above.
-    unsafe {
-        [read(&raw const (*regs).regs[0]), read(&raw const (*regs).regs[1]), read(&raw const (*regs).regs[2])]
-    }
-    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
-    {
-        let _ = (regs, read);
-        [0; 3]
-    }
-}
-
-/// Adds a finished mmap/munmap/brk/mremap to its process's address-space totals.
-#[inline(always)]
-pub fn account_address_space(call: &InFlight, ret: i64) {
-    if !is_address_space_call(call.nr) {
-        return;
-    }
-    let c = config();
-    // brk returns the (new or unchanged) break; the others -errno on failure.
-    if call.nr != c.nr_brk && (-MAX_ERRNO..0).contains(&ret) {
-        return;
-    }
-    let Some(space) = address_space(call.tgid) else { return };
-    // SAFETY: map value pointer valid for this run.
-    let space = unsafe { &mut *space };
-    if call.nr == c.nr_mmap {
-        atomic::add(&raw mut space.mmap_calls, 1);
-        atomic::add(&raw mut space.mmap_bytes, call.args[1]);
-    } else if call.nr == c.nr_munmap {
-        atomic::add(&raw mut space.munmap_calls, 1);
-        atomic::add(&raw mut space.munmap_bytes, call.args[1]);
-    } else if call.nr == c.nr_brk {
-        atomic::add(&raw mut space.brk_calls, 1);
-        let new = ret as u64;
-        let old = space.last_brk;
-        if old != 0 && new > old {
-            atomic::add(&raw mut space.brk_grow_bytes, new - old);
-        } else if old != 0 && new < old {
-            atomic::add(&raw mut space.brk_shrink_bytes, old - new);
-        }
-        space.last_brk = new;
-    } else {
-        atomic::add(&raw mut space.mremap_calls, 1);
-        let (old, new) = (call.args[1], call.args[2]);
-        if new > old {
-            atomic::add(&raw mut space.mremap_grow_bytes, new - old);
-        } else {
-            atomic::add(&raw mut space.mremap_shrink_bytes, old - new);
-        }
-    }
-}
-
-#[inline(always)]
-fn address_space(tgid: u32) -> Option<*mut AddressSpace> {
-    if let Some(space) = ADDRESS_SPACE.get_ptr_mut(tgid) {
-        return Some(space);
-    }
-    let _ = ADDRESS_SPACE.insert(tgid, AddressSpace::default(), BPF_NOEXIST as u64);
-    ADDRESS_SPACE.get_ptr_mut(tgid)
-}
-
-// --- Page faults -------------------------------------------------------------------------------
-
-/// A minor fault (perf software event, one run per fault).
-#[perf_event]
-pub fn fault_minor(ctx: PerfEventContext) -> u32 {
-    fault(&ctx, 0);
-    0
-}
-
-/// A major fault (it waited for the disk).
-#[perf_event]
-pub fn fault_major(ctx: PerfEventContext) -> u32 {
-    fault(&ctx, 1);
-    0
-}
-
-#[inline(always)]
-fn fault(ctx: &PerfEventContext, major: u32) {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) {
-        return;
-    }
-    add_count(&FAULT_COUNTS, (u64::from(tgid) << 1) | u64::from(major), 1);
-    // Stacks for 1 fault in `fault_stack_every`, weighted: a walk costs more than the fault.
-    let every = config().fault_stack_every.max(1);
-    // SAFETY: plain helper call.
-    if unsafe { bpf_get_prandom_u32() } % every != 0 {
-        return;
-    }
-    let key = FaultKey {
-        tgid,
-        major,
-        user_stack_id: stack_id(ctx, BPF_F_USER_STACK as u64),
-        kernel_stack_id: stack_id(ctx, 0),
-    };
-    add_count(&FAULT_STACKS, key, u64::from(every));
-}
-
-#[inline(always)]
-fn add_count<K>(map: &HashMap<K, u64>, key: K, n: u64) {
-    if let Some(count) = map.get_ptr_mut(&key) {
-        atomic::add(count, n);
-        return;
-    }
-    if map.insert(&key, n, BPF_NOEXIST as u64).is_err() {
-        match map.get_ptr_mut(&key) {
-            Some(count) => atomic::add(count, n),
-            None => counters::add(Counter::FaultsLost, 1),
-        }
-    }
-}
-
-// --- Heap (--malloc) ---------------------------------------------------------------------------
 
 /// The allocation in progress on a thread.
 #[repr(C)]
