@@ -26,9 +26,9 @@ pub struct Finding {
 /// Runs every check, prints the findings, and returns the exit code: 1 when tracing cannot work.
 pub fn run(json: bool, nvml_library: Option<&Path>) -> anyhow::Result<u8> {
     let mut findings = findings();
-    findings.push(match crate::nvml::open(nvml_library) {
+    findings.push(match crate::gpu::nvml::open(nvml_library) {
         Ok(nvml) => {
-            let topology = crate::nvml::topology::read(&nvml);
+            let topology = crate::gpu::nvml::topology::read(&nvml);
             let names: Vec<String> =
                 topology.devices.iter().map(|d| format!("GPU{} {}", d.index, d.name)).collect();
             Finding {

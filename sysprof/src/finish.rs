@@ -13,27 +13,32 @@ use crate::{
     callsites::CallNames,
     collect::{CallTracing, EndReason},
     config::{Family, Target, TraceConfig},
-    gpu::{self, report::GpuReport},
+    cpu::{self, CpuSamples},
+    gpu::{
+        self,
+        nvml::{self, report::GpuMetricsReport},
+        report::GpuReport,
+    },
     launch,
     launch::CommandEnd,
+    memory::MemoryDump,
     memory::{
         self,
         profiles::AllocSite,
         redundancy::{self, LiveBlocks},
         report::MemoryReport,
     },
-    nvml::{self, report::GpuMetricsReport},
     output::{self, Artifact, OutputDir, Rendered},
-    probes::{
-        AttachedProbe, Counters, CpuSamples, Detaching, MemoryDump, Probes, ProgramCost, SchedDump,
-        SyscallDump,
-    },
+    probes::{AttachedProbe, Counters, Detaching, Probes, ProgramCost},
     procs::ProcessTable,
     profile::{self, ResolvedStacks, StackProfile},
     report::{self, Instrumentation, Lost, Recommendation, Report, RunSummary, format::thousands},
-    sched, selfcost,
+    sched,
+    sched::SchedDump,
+    selfcost,
     symbolize::Symbolizer,
     syscalls,
+    syscalls::SyscallDump,
     terminal::{say, stderr_line},
 };
 
@@ -211,7 +216,7 @@ impl Finish {
             .as_ref()
             .filter(|_| config.wants(Family::Syscalls))
             .map(|dump| syscalls::analyze(dump, &processes, window.elapsed));
-        let hotspots = report::hotspots(&profiles.cpu, HOTSPOTS);
+        let hotspots = cpu::hotspots(&profiles.cpu, HOTSPOTS);
         let recommendations = Ranked {
             cpu: &profiles.cpu,
             hotspots: &hotspots,
@@ -246,7 +251,7 @@ impl Finish {
                 lost: lost.clone(),
                 outputs: files.clone(),
             },
-            processes: report::process_shares(&profiles.cpu),
+            processes: cpu::process_shares(&profiles.cpu),
             hotspots,
             sched,
             syscalls,
@@ -410,7 +415,7 @@ impl Profiles {
 /// The inputs of the recommendations, ranked together by expected impact.
 struct Ranked<'a> {
     cpu: &'a StackProfile,
-    hotspots: &'a [report::Hotspot],
+    hotspots: &'a [cpu::Hotspot],
     sched: Option<&'a sched::SchedReport>,
     syscalls: Option<&'a syscalls::SyscallReport>,
     gpu: Option<&'a GpuReport>,
@@ -422,12 +427,12 @@ struct Ranked<'a> {
 
 impl Ranked<'_> {
     fn recommendations(&self) -> Vec<Recommendation> {
-        let mut out = report::cpu_recommendations(self.cpu, self.hotspots);
+        let mut out = cpu::cpu_recommendations(self.cpu, self.hotspots);
         if let Some(sched) = self.sched {
-            out.extend(report::sched_recommendations(sched, self.cpus));
+            out.extend(sched::sched_recommendations(sched, self.cpus));
         }
         if let Some(syscalls) = self.syscalls {
-            out.extend(report::syscall_recommendations(syscalls));
+            out.extend(syscalls::syscall_recommendations(syscalls));
         }
         if let Some(gpu) = self.gpu {
             out.extend(gpu::report::recommendations(gpu, self.wall_s));

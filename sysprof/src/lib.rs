@@ -5,11 +5,13 @@
 //!
 //! 1. preflight: [`privileges`], [`target`] (the target exists), [`output`] (the directory is
 //!    writable), [`btf`] (kernel layouts the programs need);
-//! 2. load/attach: [`probes`] (the embedded BPF object), [`launch`] (`-- CMD` held at a gate);
+//! 2. load/attach: [`probes`] (the embedded BPF object, the generic loader), each family's
+//!    `probes` module ([`cpu`], [`sched`], [`syscalls`], [`memory`], [`gpu`], [`funcs`]: its
+//!    attach and read-out), [`launch`] (`-- CMD` held at a gate);
 //! 3. collect: [`collect`] (events, status line, the end of the trace), [`procs`] and
 //!    [`procmaps`] (memory maps kept for symbolization);
-//! 4. aggregate: [`finish`] (read out, detach), [`profile`] (stacks), [`sched`], [`syscalls`],
-//!    [`memory`], [`gpu`], [`nvml`], [`latency`] (histograms);
+//! 4. aggregate: [`finish`] (read out, detach), [`profile`] (stacks), each family's analysis
+//!    and recommendations, [`latency`] (histograms);
 //! 5. symbolize: [`symbolize`];
 //! 6. write: [`report`] (the model) and [`output`] (folded, SVG, Markdown, JSON).
 //!
@@ -22,6 +24,7 @@ pub mod check;
 pub mod cli;
 pub mod collect;
 pub mod config;
+pub mod cpu;
 pub mod cpustat;
 pub mod error;
 pub mod finish;
@@ -30,7 +33,6 @@ pub mod gpu;
 pub mod latency;
 pub mod launch;
 pub mod memory;
-pub mod nvml;
 pub mod output;
 pub mod privileges;
 pub mod probes;

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Check(args) => sysprof::check::run(args.json, args.nvml_lib.as_deref()),
-        Command::Topo(args) => sysprof::nvml::topo(args.nvml_lib.as_deref(), args.json),
+        Command::Topo(args) => sysprof::gpu::nvml::topo(args.nvml_lib.as_deref(), args.json),
     };
     match result {
         Ok(code) => ExitCode::from(code),

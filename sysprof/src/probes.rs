@@ -1,5 +1,7 @@
-//! The load/attach stage: the embedded BPF object, its programs attached to the kernel, the
-//! maps read back, and the proof that everything was detached.
+//! The generic loader: the embedded BPF object loaded with its configuration, the target set,
+//! the attach primitives the families use (BTF tracepoints, uprobes), stacks, counters, the
+//! kernel's run-time statistics, and the proof that everything was detached. Each family's own
+//! attach code and map read-out live in its folder (`cpu/probes.rs`, `sched/probes.rs`, ...).
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -13,19 +15,14 @@ use aya::{
     Btf, Ebpf, EbpfLoader, Pod,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
-        BtfTracePoint, PerfEvent, ProgramError, RawTracePoint, UProbe,
-        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        BtfTracePoint, ProgramError, RawTracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
 use serde::Serialize;
-use sysprof_common::{
-    AddressSpace, AllocKey, AllocStats, CallKey, CallStats, Config, Counter, FaultKey, LatencyHistogram,
-    LiveAlloc, LiveKey, OffCpuKey, OffCpuValue, ProcessAllocs, SampleKey, SyscallErrorKey, SyscallKey,
-    SyscallSlot, SyscallStats, ThreadSched, names,
-};
+use sysprof_common::{CallKey, CallStats, Config, Counter, names};
 
-use crate::{config::SampleEvent, error::Error, privileges};
+use crate::{error::Error, privileges};
 
 /// The BPF object built from `sysprof-ebpf` by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
@@ -72,49 +69,6 @@ impl Counters {
     }
 }
 
-/// Raw on-CPU samples as the kernel aggregated them, with the stacks they reference.
-#[derive(Debug, Default)]
-pub struct CpuSamples {
-    pub counts: Vec<(SampleKey, u64)>,
-    /// Stack id -> instruction pointers, innermost first.
-    pub stacks: HashMap<u32, Vec<u64>>,
-}
-
-/// Syscall statistics as the kernel aggregated them.
-#[derive(Debug, Default)]
-pub struct SyscallDump {
-    pub stats: Vec<(SyscallKey, SyscallStats)>,
-    pub errors: Vec<(SyscallErrorKey, u64)>,
-    /// Calls still counted in the per-CPU caches, not yet in `stats`.
-    pub pending: Vec<(SyscallKey, u64)>,
-}
-
-/// Scheduler statistics as the kernel aggregated them, with the off-CPU stacks.
-#[derive(Debug, Default)]
-pub struct SchedDump {
-    pub threads: Vec<(u32, ThreadSched)>,
-    pub runq: Vec<(u32, LatencyHistogram)>,
-    pub offcpu: Vec<(OffCpuKey, OffCpuValue)>,
-    /// Stack id -> instruction pointers, innermost first.
-    pub stacks: HashMap<u32, Vec<u64>>,
-}
-
-/// Memory statistics as the kernel aggregated them, with the stacks they reference.
-#[derive(Debug, Default)]
-pub struct MemoryDump {
-    pub address_space: Vec<(u32, AddressSpace)>,
-    /// (tgid, major) -> page faults, exact.
-    pub faults: HashMap<(u32, bool), u64>,
-    /// Sampled fault stacks, weighted to stand for every fault.
-    pub fault_stacks: Vec<(FaultKey, u64)>,
-    /// Heap (`--malloc`): allocations by call site, per-process totals, blocks still live.
-    pub alloc_sites: Vec<(AllocKey, AllocStats)>,
-    pub heaps: Vec<(u32, ProcessAllocs)>,
-    pub live: Vec<(LiveKey, LiveAlloc)>,
-    /// Stack id -> instruction pointers, innermost first.
-    pub stacks: HashMap<u32, Vec<u64>>,
-}
-
 /// How big the maps that depend on the run's options are.
 #[derive(Clone, Copy, Debug)]
 pub struct MapSizes {
@@ -144,10 +98,10 @@ struct UprobeLinkRecord {
 
 /// The loaded BPF object and everything attached from it.
 pub struct Probes {
-    ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     /// Kernel BTF, parsed on first need (BTF tracepoints).
     btf: Option<Btf>,
-    attached: Vec<AttachedProbe>,
+    pub(crate) attached: Vec<AttachedProbe>,
     /// Keeps the kernel's run-time statistics on while held (see `set_stats`).
     stats: Option<OwnedFd>,
     /// Whether the kernel ever accepted to keep them.
@@ -215,69 +169,6 @@ impl Probes {
         Ok(())
     }
 
-    /// Attaches on-CPU sampling to every online CPU at `frequency_hz`.
-    pub fn attach_cpu_sampling(&mut self, event: SampleEvent, frequency_hz: u64) -> anyhow::Result<()> {
-        const PROGRAM: &str = "cpu_sample";
-        let cpus = online_cpus()?;
-        let program: &mut PerfEvent = program_mut(&mut self.ebpf, PROGRAM)?.try_into()?;
-        program.load().map_err(|e| rejected(PROGRAM, e))?;
-        let perf_config = match event {
-            SampleEvent::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            SampleEvent::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
-        };
-        for &cpu in &cpus {
-            program
-                .attach(
-                    perf_config,
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(frequency_hz),
-                    false,
-                )
-                .map_err(|e| perf_event_error(&event.to_string(), e))?;
-        }
-        let program_id = program.info()?.id();
-        self.attached.push(AttachedProbe {
-            program: PROGRAM.into(),
-            kind: "perf_event".into(),
-            attached_to: format!("{event} at {frequency_hz} Hz on CPUs {}", cpu_ranges(&cpus)),
-            links: cpus.len() as u32,
-            program_id,
-        });
-        Ok(())
-    }
-
-    /// Attaches the page-fault programs: the kernel's minor and major fault software events,
-    /// every fault, on every online CPU (the programs keep the target's).
-    pub fn attach_page_faults(&mut self) -> anyhow::Result<()> {
-        let cpus = online_cpus()?;
-        for (name, event, what) in [
-            ("fault_minor", SoftwareEvent::PageFaultsMin, "page-faults-minor"),
-            ("fault_major", SoftwareEvent::PageFaultsMaj, "page-faults-major"),
-        ] {
-            let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
-            program.load().map_err(|e| rejected(name, e))?;
-            for &cpu in &cpus {
-                program
-                    .attach(
-                        PerfEventConfig::Software(event),
-                        PerfEventScope::AllProcessesOneCpu { cpu },
-                        SamplePolicy::Period(1),
-                        false,
-                    )
-                    .map_err(|e| fault_event_error(what, e))?;
-            }
-            let program_id = program.info()?.id();
-            self.attached.push(AttachedProbe {
-                program: name.into(),
-                kind: "perf_event".into(),
-                attached_to: format!("software event {what}, every fault, on CPUs {}", cpu_ranges(&cpus)),
-                links: cpus.len() as u32,
-                program_id,
-            });
-        }
-        Ok(())
-    }
-
     /// Attaches the process life-cycle programs (fork, exec, exit).
     pub fn attach_process_tracking(&mut self) -> anyhow::Result<()> {
         for (program_name, tracepoint) in [
@@ -302,24 +193,11 @@ impl Probes {
         Ok(())
     }
 
-    /// Attaches the syscall enter/exit programs.
-    pub fn attach_syscalls(&mut self) -> anyhow::Result<()> {
-        self.attach_btf_tracepoint("syscall_enter", "sys_enter")?;
-        self.attach_btf_tracepoint("syscall_exit", "sys_exit")
-    }
-
-    /// Attaches the context-switch program (scheduler statistics, off-CPU stacks, and parking of
-    /// syscalls in flight).
-    pub fn attach_sched_switch(&mut self) -> anyhow::Result<()> {
-        self.attach_btf_tracepoint("sched_switch", "sched_switch")
-    }
-
-    /// Attaches the wakeup program (run-queue latency).
-    pub fn attach_sched_wakeup(&mut self) -> anyhow::Result<()> {
-        self.attach_btf_tracepoint("sched_wakeup", "sched_wakeup")
-    }
-
-    fn attach_btf_tracepoint(&mut self, program_name: &str, tracepoint: &str) -> anyhow::Result<()> {
+    pub(crate) fn attach_btf_tracepoint(
+        &mut self,
+        program_name: &str,
+        tracepoint: &str,
+    ) -> anyhow::Result<()> {
         if self.btf.is_none() {
             self.btf = Some(Btf::from_sys_fs().map_err(|error| Error::MissingKernelFeature {
                 feature: "kernel BTF (/sys/kernel/btf/vmlinux)".into(),
@@ -469,89 +347,8 @@ impl Probes {
         Ok(counters)
     }
 
-    /// Reads the on-CPU sample counts and every stack they reference.
-    pub fn cpu_samples(&self) -> anyhow::Result<CpuSamples> {
-        let counts: Vec<(SampleKey, u64)> = self.entries(names::CPU_SAMPLES)?;
-        let ids: BTreeSet<u32> = counts
-            .iter()
-            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
-            .filter_map(|id| u32::try_from(id).ok())
-            .collect();
-        let stacks = self.stacks(&ids)?;
-        Ok(CpuSamples { counts, stacks })
-    }
-
-    /// Reads the syscall statistics.
-    pub fn syscalls(&self) -> anyhow::Result<SyscallDump> {
-        let slots: PerCpuArray<&MapData, SyscallSlot> =
-            PerCpuArray::try_from(self.map(names::SYSCALL_SLOT)?)?;
-        let pending = slots
-            .get(&0, 0)?
-            .iter()
-            .flat_map(|slot| slot.pending)
-            .filter(|p| p.count != 0)
-            .map(|p| (SyscallKey { tgid: p.tgid, nr: p.nr }, u64::from(p.count)))
-            .collect();
-        Ok(SyscallDump {
-            stats: self.entries(names::SYSCALLS)?,
-            errors: self.entries(names::SYSCALL_ERRORS)?,
-            pending,
-        })
-    }
-
-    /// Reads the scheduler statistics and the off-CPU stacks.
-    pub fn sched(&self) -> anyhow::Result<SchedDump> {
-        let offcpu: Vec<(OffCpuKey, OffCpuValue)> = self.entries(names::OFFCPU)?;
-        let ids: BTreeSet<u32> = offcpu
-            .iter()
-            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
-            .filter_map(|id| u32::try_from(id).ok())
-            .collect();
-        Ok(SchedDump {
-            threads: self.entries(names::THREAD_SCHED)?,
-            runq: self.entries(names::RUNQ_LATENCY)?,
-            stacks: self.stacks(&ids)?,
-            offcpu,
-        })
-    }
-
-    /// Reads the memory statistics; the heap's too when `heap`.
-    pub fn memory(&self, heap: bool) -> anyhow::Result<MemoryDump> {
-        let faults = self
-            .entries::<u64, u64>(names::FAULT_COUNTS)?
-            .into_iter()
-            .map(|(key, count)| (((key >> 1) as u32, key & 1 == 1), count))
-            .collect();
-        let fault_stacks: Vec<(FaultKey, u64)> = self.entries(names::FAULT_STACKS)?;
-        let (alloc_sites, heaps, live) = if heap {
-            (
-                self.entries(names::ALLOC_STACKS)?,
-                self.entries(names::PROCESS_ALLOCS)?,
-                self.entries::<LiveKey, LiveAlloc>(names::LIVE_ALLOCS)?,
-            )
-        } else {
-            Default::default()
-        };
-        let ids: BTreeSet<u32> = fault_stacks
-            .iter()
-            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
-            .chain(alloc_sites.iter().map(|(key, _): &(AllocKey, AllocStats)| key.user_stack_id))
-            .chain(live.iter().map(|(_, block)| block.user_stack_id))
-            .filter_map(|id| u32::try_from(id).ok())
-            .collect();
-        Ok(MemoryDump {
-            address_space: self.entries(names::ADDRESS_SPACE)?,
-            faults,
-            fault_stacks,
-            alloc_sites,
-            heaps,
-            live,
-            stacks: self.stacks(&ids)?,
-        })
-    }
-
     /// Every entry of a hash map.
-    fn entries<K: Pod, V: Pod>(&self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
+    pub(crate) fn entries<K: Pod, V: Pod>(&self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
         let map: BpfHashMap<&MapData, K, V> = BpfHashMap::try_from(self.map(name)?)?;
         map.iter().collect::<Result<_, _>>().with_context(|| format!("reading map {name}"))
     }
@@ -634,21 +431,24 @@ impl Probes {
         }
     }
 
-    fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
+    pub(crate) fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
         self.ebpf.map(name).with_context(|| format!("map {name} missing from the BPF object"))
     }
 
-    fn map_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::maps::Map> {
+    pub(crate) fn map_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::maps::Map> {
         self.ebpf.map_mut(name).with_context(|| format!("map {name} missing from the BPF object"))
     }
 }
 
-fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::programs::Program> {
+pub(crate) fn program_mut<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &str,
+) -> anyhow::Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name).with_context(|| format!("program {name} missing from the BPF object"))
 }
 
 /// A verifier rejection, with the log saved for the bug report.
-fn rejected(program: &str, error: ProgramError) -> anyhow::Error {
+pub(crate) fn rejected(program: &str, error: ProgramError) -> anyhow::Error {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|release| release.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
@@ -687,7 +487,7 @@ fn save_log(dir: &std::path::Path, program: &str, log: &str) -> Option<std::path
 }
 
 /// A page-fault event the kernel does not offer, or the usual perf_event_open failures.
-fn fault_event_error(event: &str, error: ProgramError) -> anyhow::Error {
+pub(crate) fn fault_event_error(event: &str, error: ProgramError) -> anyhow::Error {
     match os_error(&error) {
         Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => Error::MissingKernelFeature {
             feature: format!("the {event} perf event"),
@@ -705,14 +505,14 @@ fn os_error(error: &ProgramError) -> Option<i32> {
     }
 }
 
-fn online_cpus() -> anyhow::Result<Vec<u32>> {
+pub(crate) fn online_cpus() -> anyhow::Result<Vec<u32>> {
     aya::util::online_cpus()
         .map_err(|(what, error)| anyhow!("{what}: {error}"))
         .context("listing online CPUs")
 }
 
 /// Turns perf_event_open failures into the fix a user needs.
-fn perf_event_error(event: &str, error: ProgramError) -> anyhow::Error {
+pub(crate) fn perf_event_error(event: &str, error: ProgramError) -> anyhow::Error {
     match os_error(&error) {
         Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV) => Error::EventUnsupported {
             event: event.to_string(),
@@ -727,7 +527,7 @@ fn perf_event_error(event: &str, error: ProgramError) -> anyhow::Error {
 }
 
 /// "0-3,6" for a list of CPU numbers.
-fn cpu_ranges(cpus: &[u32]) -> String {
+pub(crate) fn cpu_ranges(cpus: &[u32]) -> String {
     let mut ranges: Vec<String> = Vec::new();
     let mut index = 0;
     while index < cpus.len() {

@@ -8,7 +8,7 @@ use serde::Serialize;
 use sysprof_common::{SampleKey, stack};
 
 use crate::{
-    probes::CpuSamples,
+    cpu::CpuSamples,
     procs::{ProcessTable, comm_to_string},
     symbolize::{Frame, Symbolizer},
 };

@@ -5,6 +5,7 @@
 //! files and filter the target in the kernel.
 
 pub mod functions;
+pub mod nvml;
 pub mod report;
 pub mod state;
 

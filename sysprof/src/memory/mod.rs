@@ -4,11 +4,13 @@
 //! CPU and a GPU ([`redundancy`]), and the report section built from them ([`report`]).
 
 pub mod heap;
+pub mod probes;
 pub mod profiles;
 pub mod redundancy;
 pub mod report;
 pub mod usage;
 
+pub use self::probes::MemoryDump;
 use syscalls::Sysno;
 use sysprof_common::Config;
 

@@ -9,7 +9,7 @@ use sysprof_common::stack;
 
 use crate::{
     callsites,
-    probes::MemoryDump,
+    memory::MemoryDump,
     procs::ProcessTable,
     profile::{self, ResolvedStacks, StackProfile, StackSample},
     symbolize::Symbolizer,

@@ -14,10 +14,10 @@ use super::{
     usage::MemorySample,
 };
 use crate::{
+    gpu::nvml::report::GpuMetricsReport,
     gpu::{functions::Pool, report::ProbeCost, state::GpuState},
     latency,
-    nvml::report::GpuMetricsReport,
-    probes::MemoryDump,
+    memory::MemoryDump,
     procs::ProcessTable,
     report::format::{bytes, thousands},
     report::recommendation::Recommendation,

@@ -2,23 +2,18 @@
 //! to, rendered as report.md and serialized as report.json.
 
 pub mod format;
-mod hotspots;
-mod recommend;
 pub mod recommendation;
 
 use serde::Serialize;
 
-pub use self::{
-    hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
-    recommend::{cpu_recommendations, sched_recommendations, syscall_recommendations},
-    recommendation::Recommendation,
-};
+pub use self::recommendation::Recommendation;
+pub use crate::cpu::{Hotspot, ProcessShare};
 use crate::{
     config::SampleEvent,
     funcs::FuncRow,
+    gpu::nvml::report::GpuMetricsReport,
     gpu::report::GpuReport,
     memory::report::MemoryReport,
-    nvml::report::GpuMetricsReport,
     probes::{AttachedProbe, DetachReport, ProgramCost},
     sched::SchedReport,
     syscalls::SyscallReport,

@@ -1,14 +1,17 @@
 //! Scheduler analysis: per process and thread, CPU time and utilization, voluntary and
 //! involuntary switches, run-queue latency, and off-CPU time by reason and by stack.
 
+pub mod probes;
+pub mod recommend;
+
 use std::{collections::HashMap, time::Duration};
 
 use serde::Serialize;
 use sysprof_common::{TASK_REPORT_MAX, ThreadSched};
 
+pub use self::{probes::SchedDump, recommend::sched_recommendations};
 use crate::{
     latency::{self, Percentiles},
-    probes::SchedDump,
     procs::{ProcessTable, comm_to_string},
     profile::{StackProfile, StackSample},
     symbolize::Frame,

@@ -1,15 +1,18 @@
 //! Syscall analysis: per process and syscall, calls, failures by errno, total time and latency
 //! percentiles, named from the running architecture's syscall table.
 
+pub mod probes;
+pub mod recommend;
+
 use std::{collections::HashMap, time::Duration};
 
 use serde::Serialize;
 
 use sysprof_common::{SyscallKey, SyscallStats};
 
+pub use self::{probes::SyscallDump, recommend::syscall_recommendations};
 use crate::{
     latency::{self, Percentiles},
-    probes::SyscallDump,
     procs::ProcessTable,
 };
 

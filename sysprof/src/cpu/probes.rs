@@ -1,0 +1,68 @@
+//! The on-CPU family's kernel side: the sampling program on every CPU, and the read-out of the
+//! sample counts with their stacks.
+
+use std::collections::{BTreeSet, HashMap};
+
+use aya::programs::{
+    PerfEvent,
+    perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+};
+use sysprof_common::{SampleKey, names};
+
+use crate::{
+    config::SampleEvent,
+    probes::{AttachedProbe, Probes, cpu_ranges, online_cpus, perf_event_error, program_mut, rejected},
+};
+
+/// Raw on-CPU samples as the kernel aggregated them, with the stacks they reference.
+#[derive(Debug, Default)]
+pub struct CpuSamples {
+    pub counts: Vec<(SampleKey, u64)>,
+    /// Stack id -> instruction pointers, innermost first.
+    pub stacks: HashMap<u32, Vec<u64>>,
+}
+
+impl Probes {
+    /// Attaches on-CPU sampling to every online CPU at `frequency_hz`.
+    pub fn attach_cpu_sampling(&mut self, event: SampleEvent, frequency_hz: u64) -> anyhow::Result<()> {
+        const PROGRAM: &str = "cpu_sample";
+        let cpus = online_cpus()?;
+        let program: &mut PerfEvent = program_mut(&mut self.ebpf, PROGRAM)?.try_into()?;
+        program.load().map_err(|e| rejected(PROGRAM, e))?;
+        let perf_config = match event {
+            SampleEvent::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            SampleEvent::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
+        };
+        for &cpu in &cpus {
+            program
+                .attach(
+                    perf_config,
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency_hz),
+                    false,
+                )
+                .map_err(|e| perf_event_error(&event.to_string(), e))?;
+        }
+        let program_id = program.info()?.id();
+        self.attached.push(AttachedProbe {
+            program: PROGRAM.into(),
+            kind: "perf_event".into(),
+            attached_to: format!("{event} at {frequency_hz} Hz on CPUs {}", cpu_ranges(&cpus)),
+            links: cpus.len() as u32,
+            program_id,
+        });
+        Ok(())
+    }
+
+    /// Reads the on-CPU sample counts and every stack they reference.
+    pub fn cpu_samples(&self) -> anyhow::Result<CpuSamples> {
+        let counts: Vec<(SampleKey, u64)> = self.entries(names::CPU_SAMPLES)?;
+        let ids: BTreeSet<u32> = counts
+            .iter()
+            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        let stacks = self.stacks(&ids)?;
+        Ok(CpuSamples { counts, stacks })
+    }
+}

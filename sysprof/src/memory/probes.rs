@@ -1,0 +1,101 @@
+//! The memory family's kernel side: the page-fault programs, and the read-out of faults,
+//! address-space changes and the heap.
+
+use std::collections::{BTreeSet, HashMap};
+
+use aya::programs::{
+    PerfEvent,
+    perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+};
+use sysprof_common::{
+    AddressSpace, AllocKey, AllocStats, FaultKey, LiveAlloc, LiveKey, ProcessAllocs, names,
+};
+
+use crate::probes::{
+    AttachedProbe, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected,
+};
+
+/// Memory statistics as the kernel aggregated them, with the stacks they reference.
+#[derive(Debug, Default)]
+pub struct MemoryDump {
+    pub address_space: Vec<(u32, AddressSpace)>,
+    /// (tgid, major) -> page faults, exact.
+    pub faults: HashMap<(u32, bool), u64>,
+    /// Sampled fault stacks, weighted to stand for every fault.
+    pub fault_stacks: Vec<(FaultKey, u64)>,
+    /// Heap (`--malloc`): allocations by call site, per-process totals, blocks still live.
+    pub alloc_sites: Vec<(AllocKey, AllocStats)>,
+    pub heaps: Vec<(u32, ProcessAllocs)>,
+    pub live: Vec<(LiveKey, LiveAlloc)>,
+    /// Stack id -> instruction pointers, innermost first.
+    pub stacks: HashMap<u32, Vec<u64>>,
+}
+
+impl Probes {
+    /// Attaches the page-fault programs: the kernel's minor and major fault software events,
+    /// every fault, on every online CPU (the programs keep the target's).
+    pub fn attach_page_faults(&mut self) -> anyhow::Result<()> {
+        let cpus = online_cpus()?;
+        for (name, event, what) in [
+            ("fault_minor", SoftwareEvent::PageFaultsMin, "page-faults-minor"),
+            ("fault_major", SoftwareEvent::PageFaultsMaj, "page-faults-major"),
+        ] {
+            let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
+            program.load().map_err(|e| rejected(name, e))?;
+            for &cpu in &cpus {
+                program
+                    .attach(
+                        PerfEventConfig::Software(event),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Period(1),
+                        false,
+                    )
+                    .map_err(|e| fault_event_error(what, e))?;
+            }
+            let program_id = program.info()?.id();
+            self.attached.push(AttachedProbe {
+                program: name.into(),
+                kind: "perf_event".into(),
+                attached_to: format!("software event {what}, every fault, on CPUs {}", cpu_ranges(&cpus)),
+                links: cpus.len() as u32,
+                program_id,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the memory statistics; the heap's too when `heap`.
+    pub fn memory(&self, heap: bool) -> anyhow::Result<MemoryDump> {
+        let faults = self
+            .entries::<u64, u64>(names::FAULT_COUNTS)?
+            .into_iter()
+            .map(|(key, count)| (((key >> 1) as u32, key & 1 == 1), count))
+            .collect();
+        let fault_stacks: Vec<(FaultKey, u64)> = self.entries(names::FAULT_STACKS)?;
+        let (alloc_sites, heaps, live) = if heap {
+            (
+                self.entries(names::ALLOC_STACKS)?,
+                self.entries(names::PROCESS_ALLOCS)?,
+                self.entries::<LiveKey, LiveAlloc>(names::LIVE_ALLOCS)?,
+            )
+        } else {
+            Default::default()
+        };
+        let ids: BTreeSet<u32> = fault_stacks
+            .iter()
+            .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
+            .chain(alloc_sites.iter().map(|(key, _): &(AllocKey, AllocStats)| key.user_stack_id))
+            .chain(live.iter().map(|(_, block)| block.user_stack_id))
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        Ok(MemoryDump {
+            address_space: self.entries(names::ADDRESS_SPACE)?,
+            faults,
+            fault_stacks,
+            alloc_sites,
+            heaps,
+            live,
+            stacks: self.stacks(&ids)?,
+        })
+    }
+}
