@@ -692,3 +692,39 @@ fn what_could_not_be_probed_is_said_and_a_failed_start_leaves_no_directory() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(!dir.path().join("never").exists(), "a failed start left a directory");
 }
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn part_b_checks_the_probed_files_rather_than_assuming_them_untouched() {
+    let Some(_guard) = root_guard("part_b_checks_the_probed_files_rather_than_assuming_them_untouched")
+    else {
+        return;
+    };
+    let dir = output_dir();
+    let busy = dir.path().join("busy");
+    std::fs::copy(workload("busy"), &busy).unwrap();
+    let out_dir = dir.path().join("o");
+    let mut tracing = spawn_tracing_with(
+        sysprof()
+            .args(["trace", "--focus", "cpu", "--func"])
+            .arg(format!("{}:burn_cold", busy.display()))
+            .arg("-o")
+            .arg(&out_dir)
+            .arg("--")
+            .arg(&busy)
+            .arg("1"),
+    );
+    // Someone else changes the probed file meanwhile (its modification time here).
+    let later = std::time::SystemTime::now() + Duration::from_secs(3600);
+    std::fs::File::open(&busy).unwrap().set_modified(later).unwrap();
+    let status = wait_bounded(&mut tracing.child, Duration::from_secs(30));
+    assert!(status.success(), "{status}: {}", tracing.stderr());
+    let changed = read_report(&out_dir)["instrumentation"]["files_modified"].clone();
+    assert_eq!(
+        changed,
+        serde_json::json!([format!("{}: modified (its modification time changed)", busy.display())]),
+        "{changed}"
+    );
+    let markdown = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(markdown.contains("changed during the trace, not by sysprof"), "{markdown}");
+}

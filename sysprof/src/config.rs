@@ -150,6 +150,30 @@ impl TraceConfig {
     pub fn wants(&self, family: Family) -> bool {
         self.focus.is_empty() || self.focus.contains(&family)
     }
+
+    /// The families this run traces, decided once: the stages read this, not `--focus`.
+    pub fn families(&self) -> Families {
+        Families {
+            cpu: self.wants(Family::Cpu),
+            sched: self.wants(Family::Sched),
+            syscalls: self.wants(Family::Syscalls),
+            gpu: self.wants(Family::Gpu),
+            memory: self.wants(Family::Memory),
+            heap: self.malloc && self.wants(Family::Memory),
+        }
+    }
+}
+
+/// The probe families of one run (see [`TraceConfig::families`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Families {
+    pub cpu: bool,
+    pub sched: bool,
+    pub syscalls: bool,
+    pub gpu: bool,
+    pub memory: bool,
+    /// The heap probes (`--malloc`, within memory).
+    pub heap: bool,
 }
 
 /// A `--func BIN:SYMBOL` request.

@@ -12,7 +12,7 @@ use sysprof_common::{CallKey, CallStats, Counter};
 use crate::{
     callsites::CallNames,
     collect::{CallTracing, EndReason},
-    config::{Family, Target, TraceConfig},
+    config::{Families, SampleEvent, Target, TraceConfig},
     cpu::{self, CpuSamples},
     gpu::{
         self,
@@ -86,12 +86,46 @@ struct KernelData {
     costs: Vec<ProgramCost>,
     stats_available: bool,
     attached: Vec<AttachedProbe>,
+    /// Probed files that changed during the trace (Part B).
+    files_changed: Vec<String>,
     detach: Detaching,
+}
+
+/// What the stages after collection need of the configuration, decided once by the pipeline.
+pub(crate) struct FinishProps {
+    /// The target, as the report names it.
+    pub target: String,
+    /// `-- CMD`'s arguments.
+    pub command: Option<Vec<String>>,
+    pub event: SampleEvent,
+    pub frequency_hz: u64,
+    pub gpu_interval_ms: u64,
+    pub quiet: bool,
+    pub families: Families,
+}
+
+impl FinishProps {
+    pub(crate) fn of(config: &TraceConfig) -> Self {
+        FinishProps {
+            target: config.target.to_string(),
+            command: match &config.target {
+                Target::Command(argv) => {
+                    Some(argv.iter().map(|a| a.to_string_lossy().into_owned()).collect())
+                }
+                _ => None,
+            },
+            event: config.event,
+            frequency_hz: config.frequency_hz,
+            gpu_interval_ms: config.gpu_interval.as_millis() as u64,
+            quiet: config.quiet,
+            families: config.families(),
+        }
+    }
 }
 
 /// The stages after collection: read out, detach, aggregate, symbolize, write.
 pub(crate) struct Finish {
-    pub config: TraceConfig,
+    pub props: FinishProps,
     pub probes: Probes,
     pub processes: ProcessTable,
     pub output: OutputDir,
@@ -109,7 +143,7 @@ pub(crate) struct Finish {
 impl Finish {
     pub(crate) fn run(self) -> anyhow::Result<TraceOutcome> {
         let Finish {
-            config,
+            props,
             probes,
             mut processes,
             mut output,
@@ -120,7 +154,7 @@ impl Finish {
             heap_probe_cost_ns,
             nvml_samples,
         } = self;
-        let kernel = read_out(&config, probes, &calls)?;
+        let kernel = read_out(props.families, probes, &calls)?;
         processes.final_scan();
 
         // Aggregate and symbolize.
@@ -150,17 +184,11 @@ impl Finish {
                 probe_cost_ns,
             )
         });
-        limitations.extend(tracer_limitations(&config, &calls));
+        limitations.extend(tracer_limitations(props.quiet, &calls));
         let functions = calls.funcs.rows(&kernel.calls, &names);
         let gpu_metrics = nvml_samples.map(|(samples, topology)| {
             let targets: BTreeSet<u32> = processes.iter().map(|(pid, _)| pid).collect();
-            nvml::report::build(
-                samples,
-                topology,
-                config.gpu_interval.as_millis() as u64,
-                gpu.as_ref(),
-                &targets,
-            )
+            nvml::report::build(samples, topology, props.gpu_interval_ms, gpu.as_ref(), &targets)
         });
         let memory = kernel.memory.as_ref().map(|dump| {
             let live = calls.heap.is_some().then(|| LiveBlocks::new(&dump.live));
@@ -188,7 +216,7 @@ impl Finish {
         }
 
         // Rendered in memory, written after the report (see below).
-        let profile_files = profiles.render(&config)?;
+        let profile_files = profiles.render(&props)?;
         let mut files: Vec<String> = profile_files.iter().map(|f| f.name.clone()).collect();
         files.extend(["report.md".to_string(), "report.json".to_string()]);
 
@@ -214,7 +242,7 @@ impl Finish {
         let syscalls = kernel
             .syscalls
             .as_ref()
-            .filter(|_| config.wants(Family::Syscalls))
+            .filter(|_| props.families.syscalls)
             .map(|dump| syscalls::analyze(dump, &processes, window.elapsed));
         let hotspots = cpu::hotspots(&profiles.cpu, HOTSPOTS);
         let recommendations = Ranked {
@@ -232,19 +260,14 @@ impl Finish {
         let report = Report {
             sysprof_version: env!("CARGO_PKG_VERSION").into(),
             run: RunSummary {
-                target: config.target.to_string(),
-                command: match &config.target {
-                    Target::Command(argv) => {
-                        Some(argv.iter().map(|a| a.to_string_lossy().into_owned()).collect())
-                    }
-                    _ => None,
-                },
+                target: props.target.clone(),
+                command: props.command.clone(),
                 started_at: humantime::format_rfc3339_seconds(window.started_at).to_string(),
                 duration_s: window.elapsed.as_secs_f64(),
                 ended_by: window.ended_by.describe(),
                 command_status,
-                event: config.event,
-                frequency_hz: config.frequency_hz,
+                event: props.event,
+                frequency_hz: props.frequency_hz,
                 cpus,
                 machine_busy_share: window.machine_busy_share,
                 samples: kernel.counters.get(Counter::CpuSamples),
@@ -269,7 +292,7 @@ impl Finish {
             ),
             limitations,
             instrumentation: Instrumentation {
-                files_modified: Vec::new(),
+                files_modified: kernel.files_changed,
                 probes: kernel.attached,
                 detach: kernel.detach.wait(),
             },
@@ -277,7 +300,7 @@ impl Finish {
         let (report, written) = write_all(&mut output, report, profile_files)?;
         let removed = output.remove_stale(&written.written);
 
-        if !config.quiet {
+        if !props.quiet {
             print_summary(&output, &written, &removed, &report, &profiles.cpu);
         }
         // Said even with --quiet: results that are missing are never a quiet matter.
@@ -393,9 +416,9 @@ impl Profiles {
     }
 
     /// Each profile as folded stacks and a flamegraph.
-    fn render(&self, config: &TraceConfig) -> anyhow::Result<Vec<Rendered>> {
-        let target = &config.target;
-        let cpu = config.wants(Family::Cpu).then_some(&self.cpu);
+    fn render(&self, props: &FinishProps) -> anyhow::Result<Vec<Rendered>> {
+        let target = &props.target;
+        let cpu = props.families.cpu.then_some(&self.cpu);
         let stacks = [
             ("cpu", format!("sysprof on-CPU: {target}"), cpu),
             ("offcpu", format!("sysprof off-CPU (microseconds blocked): {target}"), self.offcpu.as_ref()),
@@ -497,7 +520,7 @@ fn describe_end(end: &CommandEnd, ended_by: &EndReason) -> (String, u8) {
 
 /// What the uprobe tracers could not do, one line each, also said on the terminal: a probe
 /// that did not attach must not pass for a function that was never called.
-fn tracer_limitations(config: &TraceConfig, calls: &CallTracing) -> Vec<String> {
+fn tracer_limitations(quiet: bool, calls: &CallTracing) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(tracer) = &calls.gpu {
         lines.extend(tracer.problems.iter().cloned());
@@ -518,7 +541,7 @@ fn tracer_limitations(config: &TraceConfig, calls: &CallTracing) -> Vec<String> 
     }
     lines.extend(calls.funcs.problems.iter().cloned());
     lines.extend(calls.funcs.unresolved());
-    if !config.quiet {
+    if !quiet {
         for line in &lines {
             say!("{line}");
         }
@@ -528,12 +551,12 @@ fn tracer_limitations(config: &TraceConfig, calls: &CallTracing) -> Vec<String> 
 
 /// Reads every map the run filled, then starts detaching everything: the probes go before the
 /// slow stages (symbolization), and the detach is verified before the report is written.
-fn read_out(config: &TraceConfig, probes: Probes, tracing: &CallTracing) -> anyhow::Result<KernelData> {
+fn read_out(families: Families, probes: Probes, tracing: &CallTracing) -> anyhow::Result<KernelData> {
     let counters = probes.counters()?;
     let cpu = probes.cpu_samples()?;
-    let sched = config.wants(Family::Sched).then(|| probes.sched()).transpose()?;
-    let syscalls = config.wants(Family::Syscalls).then(|| probes.syscalls()).transpose()?;
-    let memory = config.wants(Family::Memory).then(|| probes.memory(tracing.heap.is_some())).transpose()?;
+    let sched = families.sched.then(|| probes.sched()).transpose()?;
+    let syscalls = families.syscalls.then(|| probes.syscalls()).transpose()?;
+    let memory = families.memory.then(|| probes.memory(tracing.heap.is_some())).transpose()?;
     let probed = tracing.gpu.is_some() || !tracing.funcs.is_empty();
     let calls = if probed { probes.calls()? } else { Vec::new() };
     let mut stack_ids: BTreeSet<u32> =
@@ -546,6 +569,7 @@ fn read_out(config: &TraceConfig, probes: Probes, tracing: &CallTracing) -> anyh
     let costs = probes.costs();
     let stats_available = probes.stats_available();
     let attached = probes.attached().to_vec();
+    let files_changed = probes.probed_files_changed();
     let detach = probes.detach();
     Ok(KernelData {
         counters,
@@ -558,6 +582,7 @@ fn read_out(config: &TraceConfig, probes: Probes, tracing: &CallTracing) -> anyh
         costs,
         stats_available,
         attached,
+        files_changed,
         detach,
     })
 }

@@ -18,36 +18,36 @@
 //! [`trace::trace`] runs stages 1 to 3 and hands over to [`finish`]; the CLI ([`cli`]) only
 //! builds a [`config::TraceConfig`].
 
-pub mod btf;
-pub mod callsites;
+pub(crate) mod btf;
+pub(crate) mod callsites;
 pub mod check;
 pub mod cli;
-pub mod collect;
+pub(crate) mod collect;
 pub mod config;
-pub mod cpu;
-pub mod cpustat;
+pub(crate) mod cpu;
+pub(crate) mod cpustat;
 pub mod error;
-pub mod finish;
-pub mod funcs;
+pub(crate) mod finish;
+pub(crate) mod funcs;
 pub mod gpu;
 pub mod latency;
-pub mod launch;
+pub(crate) mod launch;
 pub mod memory;
 pub mod output;
-pub mod privileges;
+pub(crate) mod privileges;
 pub mod probes;
-pub mod procmaps;
-pub mod procs;
-pub mod profile;
+pub(crate) mod procmaps;
+pub(crate) mod procs;
+pub(crate) mod profile;
 pub mod report;
 pub mod sched;
-pub mod selfcost;
-pub mod symbolize;
+pub(crate) mod selfcost;
+pub(crate) mod symbolize;
 pub mod syscalls;
 pub mod target;
 pub mod terminal;
 pub mod trace;
-pub mod uprobes;
+pub(crate) mod uprobes;
 
 pub use finish::TraceOutcome;
 pub use trace::trace;

@@ -4,9 +4,10 @@
 //! attach code and map read-out live in its folder (`cpu/probes.rs`, `sched/probes.rs`, ...).
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     num::NonZeroU32,
     os::fd::OwnedFd,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -110,6 +111,30 @@ pub struct Probes {
     uprobe_links: Vec<UprobeLinkRecord>,
     /// Links being closed in the background (their process exited).
     closing: Vec<std::thread::JoinHandle<()>>,
+    /// Every file uprobes were attached to, as it was then: Part B checks it did not change.
+    probed_files: BTreeMap<PathBuf, FileStamp>,
+}
+
+/// What tells a file changed: its identity, size and modification time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(path: &std::path::Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        })
+    }
 }
 
 impl Probes {
@@ -140,6 +165,7 @@ impl Probes {
             stats,
             uprobe_links: Vec::new(),
             closing: Vec::new(),
+            probed_files: BTreeMap::new(),
         })
     }
 
@@ -264,6 +290,11 @@ impl Probes {
             })?;
             self.uprobe_links.push(UprobeLinkRecord { pid, program: name.to_string(), id: link });
         }
+        if !self.probed_files.contains_key(path)
+            && let Some(stamp) = FileStamp::of(path)
+        {
+            self.probed_files.insert(path.to_path_buf(), stamp);
+        }
         Ok(())
     }
 
@@ -380,6 +411,33 @@ impl Probes {
         } else if self.stats.is_none() && self.stats_available {
             self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         }
+    }
+
+    /// The probed files that changed since they were probed (size, modification time or the
+    /// file itself), each with what changed. sysprof opens them read-only and its uprobes live
+    /// in the kernel's copy of their pages, so this is checked, not assumed: a change is
+    /// someone else's, and the report says so.
+    pub fn probed_files_changed(&self) -> Vec<String> {
+        self.probed_files
+            .iter()
+            .filter_map(|(path, before)| {
+                let now = FileStamp::of(path);
+                let what = match now {
+                    None => "removed".to_string(),
+                    Some(now) if (now.dev, now.ino) != (before.dev, before.ino) => {
+                        "replaced by another file".into()
+                    }
+                    Some(now) if now.size != before.size => {
+                        format!("size {} -> {} bytes", before.size, now.size)
+                    }
+                    Some(now) if now.mtime != before.mtime => {
+                        "modified (its modification time changed)".into()
+                    }
+                    Some(_) => return None,
+                };
+                Some(format!("{}: {what}", path.display()))
+            })
+            .collect()
     }
 
     /// What is attached so far.

@@ -10,10 +10,10 @@ use sysprof_common::{Config, capacity, filter};
 use crate::{
     btf::{self, TaskOffsets},
     collect::{self, CallTracing, EndReason, StatusLine, Stop, StopPlan},
-    config::{Family, Target, TraceConfig},
+    config::{Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
-    finish::{Finish, TraceOutcome, Window},
+    finish::{Finish, FinishProps, TraceOutcome, Window},
     funcs::FuncTracer,
     gpu::{GpuTracer, nvml},
     launch::GatedChild,
@@ -117,6 +117,7 @@ fn check_user_paths(config: &TraceConfig) -> Result<(), Error> {
 
 /// The configuration baked into the BPF object.
 fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Config {
+    let families = config.families();
     let offsets = offsets.unwrap_or_default();
     let (cgroup_id, cgroup_level) = resolved.cgroup.unwrap_or((0, 0));
     let mut kernel = Config {
@@ -127,7 +128,7 @@ fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Optio
         task_tgid_offset: offsets.tgid,
         comm: resolved.comm,
         start_ns: monotonic_ns(),
-        sched_stats: u32::from(config.wants(Family::Sched)),
+        sched_stats: u32::from(families.sched),
         syscall_burst: if config.time_every_syscall { 0 } else { SYSCALL_BURST },
         syscall_sample_every: SYSCALL_SAMPLE_EVERY,
         address_space: 0,
@@ -138,7 +139,7 @@ fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Optio
         fault_stack_every: memory::FAULT_STACK_EVERY,
         self_tgid: std::process::id(),
     };
-    if config.wants(Family::Memory) {
+    if families.memory {
         memory::configure_kernel(&mut kernel);
     }
     kernel
@@ -162,15 +163,16 @@ async fn run(
     let started_at = SystemTime::now();
 
     // Load/attach.
-    let heap = config.malloc && config.wants(Family::Memory);
+    let families = config.families();
+    let heap = families.heap;
     let sizes = MapSizes {
         stacks: config.stack_storage_size,
         live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
     };
     let mut probes = Probes::load(&bpf_config, sizes)?;
     let mut calls = CallTracing {
-        gpu: config
-            .wants(Family::Gpu)
+        gpu: families
+            .gpu
             .then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
         funcs: FuncTracer::new(config.functions.clone()),
         heap: heap.then(|| HeapTracer::new(resolved.filter == filter::ALL)),
@@ -215,22 +217,22 @@ async fn run(
         }
         _ => None,
     };
-    if config.wants(Family::Cpu) {
+    if families.cpu {
         probes.attach_cpu_sampling(config.event, config.frequency_hz)?;
     }
     // The syscall programs also read the address-space calls' arguments for memory; the
     // switch program serves scheduler statistics and parks syscalls in flight.
-    let syscall_programs = config.wants(Family::Syscalls) || config.wants(Family::Memory);
-    if config.wants(Family::Sched) || syscall_programs {
+    let syscall_programs = families.syscalls || families.memory;
+    if families.sched || syscall_programs {
         probes.attach_sched_switch()?;
     }
-    if config.wants(Family::Sched) {
+    if families.sched {
         probes.attach_sched_wakeup()?;
     }
     if syscall_programs {
         probes.attach_syscalls()?;
     }
-    if config.wants(Family::Memory) {
+    if families.memory {
         probes.attach_page_faults()?;
     }
     probes.attach_process_tracking()?;
@@ -244,7 +246,7 @@ async fn run(
     if calls.events.is_some() || calls.heap.is_some() {
         processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
     }
-    if config.wants(Family::Memory) {
+    if families.memory {
         processes.sample_memory_every(config.memory_interval);
     }
     for &pid in &resolved.pids {
@@ -301,7 +303,7 @@ async fn run(
     }
     // GPU metrics: polled beside the trace when NVML is there.
     let mut nvml_run = None;
-    if config.wants(Family::Gpu) {
+    if families.gpu {
         match nvml::open(config.nvml_library.as_deref()) {
             Ok(nvml) => {
                 let topology = nvml::topology::read(&nvml);
@@ -348,7 +350,7 @@ async fn run(
     let window =
         Window { started_at, elapsed, end_ns, ended_by, command, machine_busy_share, stats_coverage };
     let finish = Finish {
-        config,
+        props: FinishProps::of(&config),
         probes,
         processes,
         output,

@@ -10,8 +10,25 @@ use std::{
     time::Duration,
 };
 
+/// How long one test binary may run: a hung trace fails the run instead of holding CI to its
+/// limit. The slowest binary takes about a minute on a 2-core VM.
+const BINARY_TIME_BOUND: Duration = Duration::from_secs(900);
+
+/// Starts, once per test binary, the watchdog that ends it past [`BINARY_TIME_BOUND`].
+fn watchdog() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(BINARY_TIME_BOUND);
+            eprintln!("this test binary ran past its {} s bound: ending it", BINARY_TIME_BOUND.as_secs());
+            std::process::exit(124);
+        });
+    });
+}
+
 /// The sysprof binary cargo built for these tests.
 pub fn sysprof() -> Command {
+    watchdog();
     let mut command = Command::new(env!("CARGO_BIN_EXE_sysprof"));
     command.stdin(Stdio::null());
     command
@@ -28,6 +45,7 @@ pub fn run_sysprof(args: &[&str]) -> Output {
 /// ignored; `cargo xtask test` includes them as root. One included without root anyway skips
 /// with one line outside CI; in CI (CI=true) it fails.
 pub fn root_guard(test: &str) -> Option<MutexGuard<'static, ()>> {
+    watchdog();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !root {

@@ -4,10 +4,10 @@
 //! Nothing is injected into the target and nothing restarts: the probes attach to the library
 //! files and filter the target in the kernel.
 
-pub mod functions;
+pub(crate) mod functions;
 pub mod nvml;
 pub mod report;
-pub mod state;
+pub(crate) mod state;
 
 use std::{
     collections::HashSet,

@@ -16,7 +16,6 @@ pub struct Allocation {
     pub size: u64,
     pub pool: Pool,
     pub device: i32,
-    pub function: u32,
     pub user_stack_id: i32,
     pub caller: u64,
 }
@@ -257,14 +256,7 @@ impl GpuState {
         }
         self.live.insert(
             (event.tgid, event.out),
-            Allocation {
-                size,
-                pool,
-                device,
-                function: event.func,
-                user_stack_id: event.user_stack_id,
-                caller: event.caller,
-            },
+            Allocation { size, pool, device, user_stack_id: event.user_stack_id, caller: event.caller },
         );
     }
 

@@ -4,7 +4,7 @@
 //! CPU and a GPU ([`redundancy`]), and the report section built from them ([`report`]).
 
 pub mod heap;
-pub mod probes;
+pub(crate) mod probes;
 pub mod profiles;
 pub mod redundancy;
 pub mod report;

@@ -140,7 +140,9 @@ pub struct Overhead {
 /// Part B: the changelog of what sysprof did to the system.
 #[derive(Clone, Debug, Serialize)]
 pub struct Instrumentation {
-    /// Files sysprof modified on the target: always none (eBPF attaches without touching them).
+    /// Probed files (libraries and programs with uprobes) that changed during the trace, each
+    /// with what changed: sysprof opens them read-only, so any change is someone else's; checked
+    /// at the end, not assumed.
     pub files_modified: Vec<String>,
     pub probes: Vec<AttachedProbe>,
     pub detach: DetachReport,

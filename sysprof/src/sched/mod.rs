@@ -1,8 +1,8 @@
 //! Scheduler analysis: per process and thread, CPU time and utilization, voluntary and
 //! involuntary switches, run-queue latency, and off-CPU time by reason and by stack.
 
-pub mod probes;
-pub mod recommend;
+pub(crate) mod probes;
+pub(crate) mod recommend;
 
 use std::{collections::HashMap, time::Duration};
 

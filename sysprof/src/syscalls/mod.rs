@@ -1,8 +1,8 @@
 //! Syscall analysis: per process and syscall, calls, failures by errno, total time and latency
 //! percentiles, named from the running architecture's syscall table.
 
-pub mod probes;
-pub mod recommend;
+pub(crate) mod probes;
+pub(crate) mod recommend;
 
 use std::{collections::HashMap, time::Duration};
 

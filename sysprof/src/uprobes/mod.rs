@@ -22,13 +22,6 @@ pub const USER_FUNCTION_BASE: u32 = 1000;
 
 pub use crate::config::FuncSpec;
 
-/// One function attached in one file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AttachedFunction {
-    pub id: u32,
-    pub file: PathBuf,
-}
-
 /// The files and functions already probed, so rediscovery attaches each once.
 #[derive(Debug, Default)]
 pub struct CallProbes {

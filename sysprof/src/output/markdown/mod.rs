@@ -185,7 +185,15 @@ fn part_b(out: &mut String, report: &Report) {
         instr
             .files_modified
             .iter()
-            .map(|f| vec![escape(f), "modified".into(), String::new(), "?".into()])
+            .map(|f| {
+                let (file, what) = f.rsplit_once(": ").unwrap_or((f.as_str(), ""));
+                vec![
+                    escape(file),
+                    "changed during the trace, not by sysprof (it opens probed files read-only)".into(),
+                    escape(what),
+                    "-".into(),
+                ]
+            })
             .collect()
     };
     table(out, &["File", "Change type", "What", "Lines"], &file_rows);
