@@ -162,9 +162,22 @@ async fn run(
 ) -> anyhow::Result<TraceOutcome> {
     let started_at = SystemTime::now();
 
-    // Load/attach.
+    // The targets' memory maps first, before anything is attached: a target that exits while
+    // the probes attach (a second, on a loaded machine) is still symbolized from them.
     let families = config.families();
     let heap = families.heap;
+    let mut processes = ProcessTable::new();
+    if families.gpu || !config.functions.is_empty() || heap {
+        processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
+    }
+    if families.memory {
+        processes.sample_memory_every(config.memory_interval);
+    }
+    for &pid in &resolved.pids {
+        processes.observe_existing(pid);
+    }
+
+    // Load/attach.
     let sizes = MapSizes {
         stacks: config.stack_storage_size,
         live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
@@ -240,18 +253,9 @@ async fn run(
     for pid in target::late_joiners(&resolved) {
         probes.add_target_process(pid)?;
         resolved.pids.push(pid);
-    }
-
-    let mut processes = ProcessTable::new();
-    if calls.events.is_some() || calls.heap.is_some() {
-        processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
-    }
-    if families.memory {
-        processes.sample_memory_every(config.memory_interval);
-    }
-    for &pid in &resolved.pids {
         processes.observe_existing(pid);
     }
+
     if let Some(gpu) = &mut calls.gpu {
         gpu.attach_initial(&mut probes, &processes);
         if let Some(gated) = &gated {

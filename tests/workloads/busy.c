@@ -3,7 +3,9 @@
 // Each round calls burn_hot for 3 units of work and burn_cold for 1 unit of the same work, so
 // burn_hot takes 75% of the CPU time and burn_cold 25%.
 //
-//   busy [SECONDS] [THREADS]      burn for SECONDS (default 5) on THREADS threads (default 1)
+//   busy [SECONDS] [THREADS]      burn for SECONDS (default 5) on THREADS threads (default 1),
+//                                 then print "cpu_ns=N": the CPU time the process got (on a
+//                                 busy machine, less than SECONDS x THREADS)
 //   busy --spawn-child SECONDS    as above on one thread, and after 0.3 s run a short-lived
 //                                 child process (busy --child) that burns in child_only_work
 //   busy --child SECONDS          burn in child_only_work, then print "child_cpu_ns=N" (the CPU
@@ -127,5 +129,8 @@ int main(int argc, char **argv) {
     for (int t = 1; t < threads; t++) pthread_create(&ids[t], NULL, thread_main, &seconds);
     burn_for(seconds);
     for (int t = 1; t < threads; t++) pthread_join(ids[t], NULL);
+    struct timespec cpu;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+    printf("cpu_ns=%.0f\n", cpu.tv_sec * 1e9 + cpu.tv_nsec);
     return 0;
 }
