@@ -1,0 +1,33 @@
+//! Process life-cycle events, which userspace follows to keep each target's memory map.
+
+use crate::TASK_COMM_LEN;
+
+/// Kinds of [`ProcessEvent`].
+pub mod process_event {
+    /// A target process created a child process (not a thread).
+    pub const FORK: u32 = 1;
+    /// A target process replaced its program image.
+    pub const EXEC: u32 = 2;
+    /// A target process's main thread exited.
+    pub const EXIT: u32 = 3;
+}
+
+/// Life-cycle event of a target process: rare, so shipped through a ring buffer, which lets
+/// userspace read the process's memory map while it is still there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessEvent {
+    /// One of the [`process_event`] constants.
+    pub kind: u32,
+    /// The process the event is about (tgid).
+    pub pid: u32,
+    /// For [`process_event::FORK`], the parent; otherwise 0.
+    pub parent_pid: u32,
+    /// For [`process_event::EXIT`], the exit code as `wait` reports it; otherwise 0.
+    pub exit_code: u32,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at the event.
+    pub time_ns: u64,
+    /// Process name after the event.
+    pub comm: [u8; TASK_COMM_LEN],
+}
+shared!(ProcessEvent, 4 * 4 + 8 + TASK_COMM_LEN);

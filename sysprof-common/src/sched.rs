@@ -1,0 +1,46 @@
+//! The scheduler family's shared types: per-thread statistics and off-CPU time by stack.
+
+use crate::TASK_COMM_LEN;
+
+/// Scheduler statistics of one thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadSched {
+    pub tgid: u32,
+    /// 1 while the thread is on a CPU (its on-CPU time since `last_switch_in_ns` is not yet
+    /// counted).
+    pub on_cpu: u32,
+    /// Switches out while blocked (sleep, I/O, lock).
+    pub voluntary: u64,
+    /// Switches out while runnable (preempted).
+    pub involuntary: u64,
+    pub oncpu_ns: u64,
+    pub offcpu_ns: u64,
+    pub last_switch_in_ns: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+shared!(ThreadSched, 2 * 4 + 5 * 8 + TASK_COMM_LEN);
+
+/// Key of off-CPU time: where a thread was (its stacks) and why (its state) when it left the CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OffCpuKey {
+    pub tgid: u32,
+    /// `sched_switch` prev_state: 0 or [`TASK_REPORT_MAX`] preempted, else the sleep state.
+    pub state: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+}
+shared!(OffCpuKey, 16);
+
+/// `prev_state` of a task preempted inside the kernel (`TASK_REPORT_MAX`).
+pub const TASK_REPORT_MAX: u32 = 0x100;
+
+/// Time spent off CPU under one [`OffCpuKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuValue {
+    pub total_ns: u64,
+    pub count: u64,
+}
+shared!(OffCpuValue, 16);

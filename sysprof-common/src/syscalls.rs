@@ -1,0 +1,92 @@
+//! The syscall family's shared types: per-syscall statistics, errors, and the per-CPU state of
+//! the call in flight.
+
+use core::mem::size_of;
+
+use crate::histogram::LatencyHistogram;
+
+/// Key of the syscall statistics: one syscall of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SyscallKey {
+    pub tgid: u32,
+    /// Syscall number of the running architecture.
+    pub nr: u32,
+}
+shared!(SyscallKey, 8);
+
+/// Calls, failures and latency of one syscall of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyscallStats {
+    /// Every call (exact).
+    pub calls: u64,
+    /// Calls that returned an error, -4095..-1 (exact).
+    pub errors: u64,
+    /// Calls timed from entry; in bursts one stands for `syscall_sample_every`.
+    pub timed: u64,
+    /// Calls not sampled that then blocked (left the CPU): timed from the moment they blocked.
+    pub timed_from_block: u64,
+    /// Latency, weighted: its count and total estimate all calls when latency was sampled.
+    pub latency: LatencyHistogram,
+}
+shared!(SyscallStats, size_of::<LatencyHistogram>() + 4 * 8);
+
+/// Calls of one syscall counted on one CPU and not yet added to the shared statistics.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingCount {
+    pub tgid: u32,
+    pub nr: u32,
+    pub count: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<PendingCount>() == 16);
+
+/// Entries of the per-CPU pending-count cache (a power of two).
+pub const PENDING_COUNTS: usize = 4;
+
+/// One syscall in progress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InFlight {
+    pub tgid: u32,
+    pub nr: u32,
+    /// Start, or 0 when this call was not sampled (yet: it is timed if it blocks).
+    pub start_ns: u64,
+    /// How many calls this timing stands for.
+    pub weight: u32,
+    /// 1 while the call is in progress.
+    pub active: u32,
+    /// 1 when timed from the moment it blocked rather than from entry.
+    pub from_block: u32,
+    pub _pad: u32,
+    /// The first three arguments, for the address-space syscalls only (else zero).
+    pub args: [u64; 3],
+}
+const _: () = assert!(size_of::<InFlight>() == 56);
+
+/// The syscall programs' per-CPU state: the call in flight on this CPU, the stretch of calls
+/// of the thread on it, and counts not yet moved to the shared map (userspace adds those at
+/// the end).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallSlot {
+    pub tid: u32,
+    /// Calls the thread made since it last got this CPU.
+    pub stretch_calls: u32,
+    pub call: InFlight,
+    pub pending: [PendingCount; PENDING_COUNTS],
+}
+shared!(SyscallSlot, 8 + 56 + 16 * PENDING_COUNTS);
+
+/// Key of the failed-call counts: one errno of one syscall of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SyscallErrorKey {
+    pub tgid: u32,
+    pub nr: u32,
+    pub errno: u32,
+    pub _pad: u32,
+}
+shared!(SyscallErrorKey, 16);
