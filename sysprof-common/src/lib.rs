@@ -48,8 +48,12 @@ pub const TASK_COMM_LEN: usize = 16;
 pub mod names {
     /// Global [`crate::Config`], overridden at load time.
     pub const CONFIG: &str = "CONFIG";
-    /// `STACK_TRACE` map: stack id -> frame addresses.
+    /// `STACK_TRACE` map: stack id -> frame addresses (off-CPU, faults, heap, calls).
     pub const STACKS: &str = "STACKS";
+    /// `STACK_TRACE` map of the on-CPU samples' stacks, apart: the stack map is a direct-mapped
+    /// table whose colliding entries are lost, and the hottest stacks of a profile must not be
+    /// lost to a page-fault stack that took their bucket first.
+    pub const CPU_STACKS: &str = "CPU_STACKS";
     /// Hash: [`crate::SampleKey`] -> on-CPU sample count.
     pub const CPU_SAMPLES: &str = "CPU_SAMPLES";
     /// Hash: tgid -> 1 for every process that is part of the target.
@@ -96,7 +100,8 @@ pub mod names {
 /// Capacity of the maps, sized for a busy 64-CPU host profiled for minutes. Userspace may raise
 /// them at load time; these are what the object declares.
 pub mod capacity {
-    /// Distinct stacks (kernel and user each take one entry).
+    /// Distinct stacks (kernel and user each take one entry), in each of `STACKS` and
+    /// `CPU_STACKS`.
     pub const STACKS: u32 = 16 * 1024;
     /// Distinct (thread, user stack, kernel stack) sample keys.
     pub const CPU_SAMPLES: u32 = 64 * 1024;

@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use sysprof_common::{Counter, SampleKey, TASK_COMM_LEN, capacity};
 
-use crate::{atomic, counters, maps::stack_id, target};
+use crate::{atomic, counters, maps::{CPU_STACKS, stack_id_in}, target};
 
 /// Sample counts per key.
 #[map]
@@ -32,8 +32,8 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     let key = SampleKey {
         tgid,
         tid: pid_tgid as u32,
-        user_stack_id: stack_id(ctx, BPF_F_USER_STACK as u64),
-        kernel_stack_id: stack_id(ctx, 0),
+        user_stack_id: stack_id_in(&CPU_STACKS, ctx, BPF_F_USER_STACK as u64),
+        kernel_stack_id: stack_id_in(&CPU_STACKS, ctx, 0),
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     counters::add(Counter::CpuSamples, 1);

@@ -14,6 +14,10 @@ use crate::counters;
 #[map]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(capacity::STACKS, 0);
 
+/// The same for the on-CPU samples, apart (see `sysprof_common::names::CPU_STACKS`).
+#[map]
+pub static CPU_STACKS: StackTrace = StackTrace::with_max_entries(capacity::STACKS, 0);
+
 /// tgid -> 1 for the processes being profiled (filter::TARGETS).
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGETS, 0);
@@ -34,7 +38,13 @@ const EFAULT: i32 = -14;
 /// keep is counted as lost.
 #[inline(always)]
 pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
+    stack_id_in(&STACKS, ctx, flags)
+}
+
+/// [`stack_id`] in the given stack map.
+#[inline(always)]
+pub fn stack_id_in<C: StackIdContext>(map: &StackTrace, ctx: &C, flags: u64) -> i32 {
+    match ctx.get_stackid(map, flags) {
         Ok(id) => id as i32,
         Err(EFAULT) => stack::NONE,
         Err(_) => {

@@ -99,8 +99,9 @@ pub struct TraceArgs {
     #[arg(long, value_enum, value_delimiter = ',', value_name = "FAMILY")]
     pub focus: Vec<Family>,
 
-    /// Distinct stacks the kernel can hold; stacks beyond it are counted as lost (each takes
-    /// about 1 KiB of kernel memory for the run)
+    /// Distinct stacks the kernel can hold, in each of its two stack maps (on-CPU samples, and
+    /// the rest); stacks beyond it are counted as lost (each takes about 1 KiB of kernel memory
+    /// for the run)
     #[arg(long, value_name = "N", default_value_t = sysprof_common::capacity::STACKS,
           value_parser = clap::value_parser!(u32).range(1..=MAX_STACK_STORAGE))]
     pub stack_storage_size: u32,

@@ -151,6 +151,7 @@ impl Probes {
         let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::STACKS, sizes.stacks)
+            .map_max_entries(names::CPU_STACKS, sizes.stacks)
             .map_max_entries(names::LIVE_ALLOCS, sizes.live_allocations.max(1))
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.
@@ -384,9 +385,18 @@ impl Probes {
         map.iter().collect::<Result<_, _>>().with_context(|| format!("reading map {name}"))
     }
 
-    /// The stacks with these ids: stack id -> instruction pointers, innermost first.
+    /// The stacks with these ids in `STACKS`: stack id -> instruction pointers, innermost first.
     pub fn stacks(&self, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
-        let map = StackTraceMap::try_from(self.map(names::STACKS)?)?;
+        self.stacks_in(names::STACKS, ids)
+    }
+
+    /// The stacks with these ids in the stack map `name`.
+    pub(crate) fn stacks_in(
+        &self,
+        name: &str,
+        ids: &BTreeSet<u32>,
+    ) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
+        let map = StackTraceMap::try_from(self.map(name)?)?;
         let mut stacks = HashMap::with_capacity(ids.len());
         for &id in ids {
             // A stack id can vanish only if the map were cleared; skip rather than fail.

@@ -65,9 +65,10 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
     }
     if config.stack_storage_size > sysprof_common::capacity::STACKS {
         say(&format!(
-            "--stack-storage-size {}: the stack map pins about {} MiB of kernel memory for the run",
+            "--stack-storage-size {}: the two stack maps (on-CPU, and the rest) pin about {} MiB of \
+             kernel memory for the run",
             config.stack_storage_size,
-            (u64::from(config.stack_storage_size) * STACK_ENTRY_BYTES) >> 20
+            (2 * u64::from(config.stack_storage_size) * STACK_ENTRY_BYTES) >> 20
         ));
     }
     let mut limitations = Vec::new();

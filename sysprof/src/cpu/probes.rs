@@ -62,7 +62,7 @@ impl Probes {
             .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
-        let stacks = self.stacks(&ids)?;
+        let stacks = self.stacks_in(names::CPU_STACKS, &ids)?;
         Ok(CpuSamples { counts, stacks })
     }
 }
