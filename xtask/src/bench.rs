@@ -381,7 +381,12 @@ fn measure(configs: &[Config], runs: usize, metric: &str) -> anyhow::Result<Vec<
 /// Runs one configuration; returns the workload's own figure and the command's wall time.
 fn run_once(config: &Config, metric: &str) -> anyhow::Result<(f64, f64)> {
     let started = Instant::now();
-    let output = Command::new(&config.argv[0])
+    let mut command = Command::new(&config.argv[0]);
+    // Root's runs into root's target/bench, also under `sudo -E cargo xtask bench`.
+    for variable in crate::SUDO_VARIABLES {
+        command.env_remove(variable);
+    }
+    let output = command
         .args(&config.argv[1..])
         .stdin(Stdio::null())
         .stderr(Stdio::piped())

@@ -107,6 +107,12 @@ fn test(root: &Path, args: &[String]) -> anyhow::Result<()> {
         Err(error) => eprintln!("xtask: {error:#}: the tests on NVIDIA's real libraries will skip"),
     }
     cargo_test.current_dir(root).args(["test", "--workspace"]).args(args);
+    // Under `sudo -E cargo xtask test` the tests are root's runs, into root's temporary
+    // directories: sysprof must not take them for a sudo user's (it would write as that user).
+    // The sudo tests set these variables themselves.
+    for variable in SUDO_VARIABLES {
+        cargo_test.env_remove(variable);
+    }
     if is_root() {
         // The tests that load BPF programs are #[ignore]d ("needs root"), so that a run
         // without root shows them as ignored rather than passed: as root, run them too.
@@ -122,6 +128,9 @@ fn test(root: &Path, args: &[String]) -> anyhow::Result<()> {
     }
     run(&mut cargo_test)
 }
+
+/// What sudo sets for the command it runs, which sysprof reads to act for the invoking user.
+const SUDO_VARIABLES: [&str; 3] = ["SUDO_UID", "SUDO_GID", "SUDO_USER"];
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
