@@ -370,15 +370,19 @@ pub async fn collect(
                 stats_windows.tick(probes);
                 if last_status.elapsed() >= STATUS_EVERY {
                     last_status = Instant::now();
-                    if plan.stop_when_targets_exit && processes.running().is_empty() {
-                        break match &command {
-                            Some(_) => EndReason::CommandExited,
-                            None => EndReason::TargetsExited,
-                        };
-                    }
-                    if let Some(command) = &command {
-                        stop.launched(&processes.running());
-                        stop.launched(&[command.pid]);
+                    // Read once a round: it looks at every followed process in /proc.
+                    let running = (plan.stop_when_targets_exit || command.is_some()).then(|| processes.running());
+                    if let Some(running) = &running {
+                        if plan.stop_when_targets_exit && running.is_empty() {
+                            break match &command {
+                                Some(_) => EndReason::CommandExited,
+                                None => EndReason::TargetsExited,
+                            };
+                        }
+                        // The command itself is recorded at launch; these are what it started.
+                        if command.is_some() {
+                            stop.launched(running);
+                        }
                     }
                     if let Ok(counters) = probes.counters() {
                         let lost = Counter::ALL

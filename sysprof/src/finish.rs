@@ -50,8 +50,6 @@ pub struct TraceOutcome {
     pub output_dir: PathBuf,
     /// Files written, relative to `output_dir`.
     pub files: Vec<String>,
-    /// Files that could not be written, with why (a full disk, ...).
-    pub unwritten: Vec<(String, String)>,
     pub samples: u64,
     pub lost: u64,
 }
@@ -321,7 +319,6 @@ impl Finish {
             exit_code,
             output_dir: output.path().to_path_buf(),
             files: written.written,
-            unwritten: written.failed,
             samples: report.run.samples,
             lost: lost.total(),
         })
@@ -339,7 +336,8 @@ fn write_all(
     mut profiles: Vec<Rendered>,
 ) -> anyhow::Result<(Report, output::Written)> {
     profiles.sort_by_key(|file| file.name.ends_with(".svg"));
-    let mut skipped = Vec::new();
+    // (file, why it was not written), as `Written::failed` has them.
+    let mut skipped: Vec<(String, String)> = Vec::new();
     if let Some((free, block)) = output.room() {
         let on_disk = |bytes: usize| (bytes as u64).div_ceil(block).max(1) * block;
         // The report as it is now, and room for the lines this adds to it.
@@ -352,20 +350,22 @@ fn write_all(
             if fits {
                 left -= needs;
             } else {
-                skipped.push(format!(
-                    "{} could not be written: it needs {} and {} had {} free",
-                    file.name,
+                let reason = format!(
+                    "it needs {} and {} had {} free",
                     report::format::bytes(needs),
                     output.path().display(),
                     report::format::bytes(free)
-                ));
+                );
+                skipped.push((file.name.clone(), reason));
             }
             fits
         });
     }
     let planned: Vec<&str> = profiles.iter().map(|f| f.name.as_str()).collect();
     report.run.outputs.retain(|name| name.starts_with("report.") || planned.contains(&name.as_str()));
-    report.limitations.extend(skipped.iter().cloned());
+    report
+        .limitations
+        .extend(skipped.iter().map(|(name, reason)| format!("{name} could not be written: {reason}")));
     let mut files = output::render(&Artifact::Report(&report))?;
     files.extend(profiles);
     let mut written = output.write(&files);
@@ -383,10 +383,7 @@ fn write_all(
             }
         }
     }
-    for line in skipped {
-        let (name, reason) = line.split_once(" could not be written: ").unwrap_or((&line, ""));
-        written.failed.push((name.to_string(), reason.to_string()));
-    }
+    written.failed.extend(skipped);
     Ok((report, written))
 }
 

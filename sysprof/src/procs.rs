@@ -224,18 +224,18 @@ impl ProcessTable {
         self.processes
             .iter()
             .filter(|(pid, p)| !p.exited && p.start_ticks.is_some() && **pid != std::process::id())
-            .filter(|(pid, p)| start_ticks(**pid) == p.start_ticks && crate::target::process_alive(**pid))
+            .filter(|(pid, p)| {
+                crate::target::proc_stat(**pid)
+                    .is_some_and(|now| now.alive() && Some(now.start_ticks) == p.start_ticks)
+            })
             .map(|(pid, _)| *pid)
             .collect()
     }
 }
 
-/// When `pid` started, in clock ticks after boot (field 22 of /proc/PID/stat).
+/// When `pid` started, in clock ticks after boot (see [`crate::target::ProcStat`]).
 pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the parenthesized name (which may contain ") ") start at field 3.
-    let (_, rest) = stat.rsplit_once(") ")?;
-    rest.split_whitespace().nth(19)?.parse().ok()
+    crate::target::proc_stat(pid).map(|stat| stat.start_ticks)
 }
 
 /// Reads the maps of `pid`, merging them into what is known (a failed read keeps the old

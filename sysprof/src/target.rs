@@ -97,19 +97,43 @@ fn sysprof_and_its_launchers(roots: &[u32]) -> Vec<u32> {
 }
 
 fn parent_of(pid: u32) -> Option<u32> {
+    proc_stat(pid).map(|stat| stat.ppid)
+}
+
+/// What sysprof reads of /proc/PID/stat.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcStat {
+    /// R, S, D, Z (a zombie waiting for its parent), X, ...
+    pub state: char,
+    pub ppid: u32,
+    /// When it started, in clock ticks after boot: tells it apart from a later process that
+    /// reuses its pid.
+    pub start_ticks: u64,
+}
+
+impl ProcStat {
+    /// Exists and is not a zombie.
+    pub fn alive(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X')
+    }
+}
+
+/// /proc/PID/stat, when the process exists.
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the parenthesized name (which may itself contain ") "), from field 3.
     let (_, rest) = stat.rsplit_once(") ")?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(ProcStat {
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        start_ticks: fields.get(19)?.parse().ok()?,
+    })
 }
 
 /// Whether `pid` still runs: exists and is not a zombie waiting for its parent.
 pub fn process_alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the parenthesized name, which may itself contain ") ".
-    let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
-    !matches!(state, Some('Z' | 'X') | None)
+    proc_stat(pid).is_some_and(|stat| stat.alive())
 }
 
 fn resolve_comm(name: &str) -> ResolvedTarget {

@@ -112,26 +112,24 @@ impl OutputDir {
     /// Creates the directory if needed (as the invoking user) and checks that it is theirs or
     /// root's and that a file can be created in it.
     pub fn prepare(path: &Path, user: Option<InvokingUser>) -> anyhow::Result<Self> {
-        let (fd, created) = as_user(user.as_ref(), || open_dir(path, user.as_ref()))
-            .and_then(|opened| opened)
-            .map_err(|e| output_error(path, e.to_string()))?;
-        let meta = fstat(fd.as_fd()).map_err(|e| output_error(path, e.to_string()))?;
-        let dir = OutputDir {
+        let prepared = as_user(user.as_ref(), || {
+            let (fd, created) = open_dir(path, user.as_ref())?;
+            let meta = fstat(fd.as_fd())?;
+            let probe = format!(".sysprof-write-test-{}", std::process::id());
+            write_at(&fd, &probe, b"")?;
+            unlinkat(fd.as_fd(), probe.as_str(), UnlinkatFlags::NoRemoveDir)?;
+            Ok::<_, std::io::Error>((meta, created, previous_outputs(&fd)))
+        });
+        let (meta, created, previous) =
+            prepared.and_then(|result| result).map_err(|e| output_error(path, e.to_string()))?;
+        Ok(OutputDir {
             path: path.to_path_buf(),
-            previous: as_user(user.as_ref(), || previous_outputs(&fd)).unwrap_or_default(),
             user,
             identity: (meta.st_dev, meta.st_ino),
             created,
+            previous,
             wrote: false,
-        };
-        let probe = format!(".sysprof-write-test-{}", std::process::id());
-        as_user(dir.user.as_ref(), || {
-            write_at(&fd, &probe, b"")?;
-            unlinkat(fd.as_fd(), probe.as_str(), UnlinkatFlags::NoRemoveDir).map_err(std::io::Error::from)
         })
-        .and_then(|result| result)
-        .map_err(|e| output_error(path, e.to_string()))?;
-        Ok(dir)
     }
 
     pub fn path(&self) -> &Path {
