@@ -6,18 +6,8 @@ use std::path::Path;
 
 use support::*;
 
-/// Compares `actual` with the golden file; `SYSPROF_BLESS=1` rewrites it instead. A missing
-/// golden file fails: they are only ever created on request.
 fn assert_golden(name: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden").join(name);
-    if std::env::var_os("SYSPROF_BLESS").is_some() {
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!("no golden file {}: run with SYSPROF_BLESS=1 to create it", path.display())
-    });
-    assert_eq!(actual, expected, "{name} changed: review, then SYSPROF_BLESS=1 to accept");
+    support::assert_golden(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden").join(name), actual);
 }
 
 #[test]

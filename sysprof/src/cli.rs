@@ -153,6 +153,11 @@ pub struct TraceArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// Also write readout.json: the maps, process snapshots and symbol names of the run, which
+    /// the replay tests analyze again (for sysprof's developers; hidden from --help)
+    #[arg(long, hide = true)]
+    pub save_readout: bool,
+
     /// Run CMD as root: refused through sudo, where CMD always runs as the invoking user (a
     /// sudo rule for sysprof must not run anything else as root); without sudo CMD runs as
     /// whoever runs sysprof
@@ -210,6 +215,7 @@ impl TraceArgs {
             focus: self.focus,
             output_dir: self.output,
             quiet: self.quiet,
+            save_readout: self.save_readout,
             command_as_root: self.as_root,
             invoking_user: InvokingUser::from_sudo_env(),
         })

@@ -19,11 +19,12 @@ use tokio::{
 
 use crate::{
     funcs::FuncTracer,
-    gpu::GpuTracer,
+    gpu::{GpuTracer, state::GpuState},
     launch::CommandWatch,
     memory::heap::HeapTracer,
     probes::Probes,
     procs::ProcessTable,
+    recording::{CallOutcome, GpuOutcome, HeapOutcome},
     report::format::thousands,
     selfcost::StatsWindows,
     terminal::{say, stderr_line},
@@ -282,7 +283,26 @@ impl CallTracing {
     fn on_event(&mut self, event: &CallEvent) {
         if let Some(gpu) = &mut self.gpu {
             gpu.state.on_event(event);
+            if let Some(kept) = &mut gpu.kept_events {
+                kept.push(crate::readout::Bytes::of(event));
+            }
         }
+    }
+
+    /// The GPU state and what the tracers found, once the trace is over.
+    pub fn into_outcome(self) -> (Option<GpuState>, CallOutcome) {
+        let mut state = None;
+        let gpu = self.gpu.map(|gpu| {
+            state = Some(gpu.state);
+            GpuOutcome {
+                libraries: gpu.libraries,
+                problems: gpu.problems,
+                events: gpu.kept_events.unwrap_or_default(),
+            }
+        });
+        let heap = self.heap.map(|heap| HeapOutcome { allocators: heap.allocators, problems: heap.problems });
+        let outcome = CallOutcome { gpu, heap, functions: self.funcs.probed() };
+        (state, outcome)
     }
 }
 

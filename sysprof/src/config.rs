@@ -3,7 +3,7 @@
 
 use std::{ffi::OsString, fmt, path::PathBuf, time::Duration};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::privileges::InvokingUser;
 
@@ -44,7 +44,7 @@ impl fmt::Display for Target {
 }
 
 /// The perf event that drives on-CPU sampling.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum SampleEvent {
     /// Software timer: works everywhere, VMs included.
@@ -116,6 +116,8 @@ pub struct TraceConfig {
     pub output_dir: PathBuf,
     /// No live status line and no summary on stderr.
     pub quiet: bool,
+    /// Also write `readout.json`: the raw read-out, which `finish::replay` analyzes again.
+    pub save_readout: bool,
     /// Run `-- CMD` as root even when sysprof was started through sudo.
     pub command_as_root: bool,
     /// The user behind sudo: owns the output and runs `-- CMD`.
@@ -141,6 +143,7 @@ impl TraceConfig {
             focus: Vec::new(),
             output_dir: PathBuf::from("profile_output"),
             quiet: false,
+            save_readout: false,
             command_as_root: false,
             invoking_user: None,
         }
@@ -165,7 +168,7 @@ impl TraceConfig {
 }
 
 /// The probe families of one run (see [`TraceConfig::families`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Families {
     pub cpu: bool,
     pub sched: bool,

@@ -7,17 +7,20 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use sysprof_common::{CallKey, CallStats, Counter};
+use serde::{Deserialize, Serialize};
+use sysprof_common::{CallKey, CallStats, Counter, names};
 
 use crate::{
     callsites::CallNames,
     collect::{CallTracing, EndReason},
     config::{Families, SampleEvent, Target, TraceConfig},
     cpu::{self, CpuSamples},
+    funcs,
     gpu::{
         self,
         nvml::{self, report::GpuMetricsReport},
         report::GpuReport,
+        state::GpuState,
     },
     launch,
     launch::CommandEnd,
@@ -29,14 +32,16 @@ use crate::{
         report::MemoryReport,
     },
     output::{self, Artifact, OutputDir, Rendered},
-    probes::{AttachedProbe, Counters, Detaching, Probes, ProgramCost},
+    probes::{Counters, DetachReport, Probes},
     procs::ProcessTable,
     profile::{self, ResolvedStacks, StackProfile},
+    readout::MapReader,
+    recording::{self, Recording, RunFacts},
     report::{self, Instrumentation, Lost, Recommendation, Report, RunSummary, format::thousands},
     sched,
     sched::SchedDump,
     selfcost,
-    symbolize::Symbolizer,
+    symbolize::{Symbolizer, Symbols},
     syscalls,
     syscalls::SyscallDump,
     terminal::{say, stderr_line},
@@ -57,7 +62,7 @@ pub struct TraceOutcome {
 /// Number of hotspot rows in the report.
 const HOTSPOTS: usize = 25;
 
-/// When and how the trace ran.
+/// When and how the trace ran, as the collect stage ends it.
 pub(crate) struct Window {
     pub started_at: SystemTime,
     pub elapsed: Duration,
@@ -71,7 +76,7 @@ pub(crate) struct Window {
     pub stats_coverage: f64,
 }
 
-/// Everything read out of the kernel before detaching.
+/// Everything the kernel's maps held, decoded.
 struct KernelData {
     counters: Counters,
     cpu: CpuSamples,
@@ -81,15 +86,48 @@ struct KernelData {
     /// Probed calls (GPU APIs, --func) and the stacks they and the GPU state refer to.
     calls: Vec<(CallKey, CallStats)>,
     call_stacks: HashMap<u32, Vec<u64>>,
-    costs: Vec<ProgramCost>,
-    stats_available: bool,
-    attached: Vec<AttachedProbe>,
-    /// Probed files that changed during the trace (Part B).
-    files_changed: Vec<String>,
-    detach: Detaching,
+}
+
+impl KernelData {
+    /// Reads every map the run filled (the same reads, live or replayed).
+    fn read(maps: &mut MapReader<'_>, props: &FinishProps, gpu: Option<&GpuState>) -> anyhow::Result<Self> {
+        let families = props.families;
+        let counters = Counters::read(maps)?;
+        let cpu = CpuSamples::read(maps)?;
+        let sched = families.sched.then(|| SchedDump::read(maps)).transpose()?;
+        let syscalls = families.syscalls.then(|| SyscallDump::read(maps)).transpose()?;
+        let memory = families.memory.then(|| MemoryDump::read(maps, families.heap)).transpose()?;
+        let calls = if props.calls_probed { maps.entries(names::CALLS)? } else { Vec::new() };
+        let mut stack_ids: BTreeSet<u32> = calls
+            .iter()
+            .filter_map(|(key, _): &(CallKey, CallStats)| u32::try_from(key.user_stack_id).ok())
+            .collect();
+        if let Some(gpu) = gpu {
+            stack_ids.extend(gpu.live().filter_map(|(_, a)| u32::try_from(a.user_stack_id).ok()));
+            stack_ids.extend(gpu.h2d.iter().filter_map(|c| u32::try_from(c.user_stack_id).ok()));
+        }
+        let call_stacks = maps.stacks(names::STACKS, &stack_ids)?;
+        Ok(KernelData { counters, cpu, sched, syscalls, memory, calls, call_stacks })
+    }
+
+    /// Every process the samples name, for the process table to know them all before the
+    /// analysis (which reads nothing from /proc, so that a replay analyzes alike).
+    fn processes(&self) -> BTreeSet<u32> {
+        let mut pids: BTreeSet<u32> = self.cpu.counts.iter().map(|(key, _)| key.tgid).collect();
+        if let Some(sched) = &self.sched {
+            pids.extend(sched.offcpu.iter().map(|(key, _)| key.tgid));
+        }
+        if let Some(memory) = &self.memory {
+            pids.extend(memory.fault_stacks.iter().map(|(key, _)| key.tgid));
+            pids.extend(memory.alloc_sites.iter().map(|(key, _)| key.tgid));
+        }
+        pids.remove(&0);
+        pids
+    }
 }
 
 /// What the stages after collection need of the configuration, decided once by the pipeline.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct FinishProps {
     /// The target, as the report names it.
     pub target: String,
@@ -100,10 +138,15 @@ pub(crate) struct FinishProps {
     pub gpu_interval_ms: u64,
     pub quiet: bool,
     pub families: Families,
+    /// Whether calls were probed (GPU libraries or `--func`): the call map is read.
+    pub calls_probed: bool,
+    /// Whether `readout.json` is written beside the report.
+    pub save_readout: bool,
 }
 
 impl FinishProps {
     pub(crate) fn of(config: &TraceConfig) -> Self {
+        let families = config.families();
         FinishProps {
             target: config.target.to_string(),
             command: match &config.target {
@@ -116,7 +159,9 @@ impl FinishProps {
             frequency_hz: config.frequency_hz,
             gpu_interval_ms: config.gpu_interval.as_millis() as u64,
             quiet: config.quiet,
-            families: config.families(),
+            families,
+            calls_probed: families.gpu || !config.functions.is_empty(),
+            save_readout: config.save_readout,
         }
     }
 }
@@ -152,79 +197,22 @@ impl Finish {
             heap_probe_cost_ns,
             nvml_samples,
         } = self;
-        let kernel = read_out(props.families, probes, &calls)?;
+        // Read everything, then start detaching: the probes go before the slow stages
+        // (symbolization), and the detach is verified before the report is written.
+        let mut maps = MapReader::live(&probes);
+        let kernel = KernelData::read(&mut maps, &props, calls.gpu.as_ref().map(|gpu| &gpu.state))?;
+        let maps = maps.into_contents();
+        let costs = probes.costs();
+        let stats_available = probes.stats_available();
+        let attached = probes.attached().to_vec();
+        let files_changed = probes.probed_files_changed();
+        let detach = probes.detach();
         processes.final_scan();
+        for pid in kernel.processes() {
+            processes.ensure(pid);
+        }
 
-        // Aggregate and symbolize.
-        let mut symbolizer = Symbolizer::new();
-        let profiles = Profiles::build(&kernel, &mut processes, &mut symbolizer);
-        let names = CallNames::new(
-            &kernel.calls,
-            calls.gpu.as_ref().map(|gpu| &gpu.state),
-            &kernel.call_stacks,
-            &mut processes,
-            &mut symbolizer,
-        );
-        let wall_s = window.elapsed.as_secs_f64();
-        let gpu = calls.gpu.as_ref().map(|tracer| {
-            let gpu_calls: Vec<_> = kernel
-                .calls
-                .iter()
-                .filter(|(key, _)| gpu::functions::by_id(key.func).is_some())
-                .copied()
-                .collect();
-            gpu::report::build(
-                tracer.libraries.clone(),
-                &tracer.state,
-                &gpu_calls,
-                &names,
-                wall_s,
-                probe_cost_ns,
-            )
-        });
         limitations.extend(tracer_limitations(props.quiet, &calls));
-        let functions = calls.funcs.rows(&kernel.calls, &names);
-        let gpu_metrics = nvml_samples.map(|(samples, topology)| {
-            let targets: BTreeSet<u32> = processes.iter().map(|(pid, _)| pid).collect();
-            nvml::report::build(samples, topology, props.gpu_interval_ms, gpu.as_ref(), &targets)
-        });
-        let memory = kernel.memory.as_ref().map(|dump| {
-            let live = calls.heap.is_some().then(|| LiveBlocks::new(&dump.live));
-            let copied_ranges = calls
-                .gpu
-                .as_ref()
-                .map(|tracer| redundancy::copied_ranges(&tracer.state, live.as_ref(), &names))
-                .unwrap_or_default();
-            memory::report::build(memory::report::Inputs {
-                processes: &processes,
-                dump,
-                fault_sites: profiles.faults.as_ref().map(memory::profiles::fault_sites).unwrap_or_default(),
-                heap: calls.heap.as_ref().map(|tracer| {
-                    (tracer.allocators.clone(), profiles.alloc_sites.clone(), heap_probe_cost_ns)
-                }),
-                gpu: calls.gpu.as_ref().map(|tracer| &tracer.state),
-                gpu_metrics: gpu_metrics.as_ref(),
-                copied_ranges,
-                wall_s,
-            })
-        });
-
-        if let Some(memory) = &memory {
-            limitations.extend(memory::report::limitations(memory, &processes));
-        }
-
-        // Rendered in memory, written after the report (see below).
-        let profile_files = profiles.render(&props)?;
-        let mut files: Vec<String> = profile_files.iter().map(|f| f.name.clone()).collect();
-        files.extend(["report.md".to_string(), "report.json".to_string()]);
-
-        let lost = lost(&kernel.counters);
-        if lost.total() > 0 {
-            limitations.push(format!(
-                "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
-                thousands(lost.total())
-            ));
-        }
         let (command_status, exit_code) = match &window.command {
             Some(end) => {
                 let (text, code) = describe_end(end, &window.ended_by);
@@ -232,74 +220,64 @@ impl Finish {
             }
             None => (None, 0),
         };
-        let cpus = aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1);
-        let sched =
-            kernel.sched.as_ref().zip(profiles.offcpu.as_ref()).map(|(dump, offcpu)| {
-                sched::analyze(dump, offcpu, &processes, window.elapsed, window.end_ns)
-            });
-        let syscalls = kernel
-            .syscalls
-            .as_ref()
-            .filter(|_| props.families.syscalls)
-            .map(|dump| syscalls::analyze(dump, &processes, window.elapsed));
-        let hotspots = cpu::hotspots(&profiles.cpu, HOTSPOTS);
-        let recommendations = Ranked {
-            cpu: &profiles.cpu,
-            hotspots: &hotspots,
-            sched: sched.as_ref(),
-            syscalls: syscalls.as_ref(),
-            gpu: gpu.as_ref(),
-            gpu_metrics: gpu_metrics.as_ref(),
-            memory: memory.as_ref(),
-            cpus,
-            wall_s,
-        }
-        .recommendations();
-        let report = Report {
-            sysprof_version: env!("CARGO_PKG_VERSION").into(),
-            run: RunSummary {
-                target: props.target.clone(),
-                command: props.command.clone(),
+        let (gpu_state, outcome) = calls.into_outcome();
+        // Before the analysis, which adds processes it symbolizes (sysprof's own, for one).
+        let snapshot: Vec<_> = match props.save_readout {
+            true => processes.iter().map(|(pid, record)| (pid, record.clone())).collect(),
+            false => Vec::new(),
+        };
+        let mut recording = Recording {
+            format: recording::FORMAT,
+            run: RunFacts {
                 started_at: humantime::format_rfc3339_seconds(window.started_at).to_string(),
-                duration_s: window.elapsed.as_secs_f64(),
+                elapsed: window.elapsed,
+                end_ns: window.end_ns,
                 ended_by: window.ended_by.describe(),
                 command_status,
-                event: props.event,
-                frequency_hz: props.frequency_hz,
-                cpus,
+                exit_code,
+                sysprof_pid: std::process::id(),
+                cpus: aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1),
                 machine_busy_share: window.machine_busy_share,
-                samples: kernel.counters.get(Counter::CpuSamples),
-                lost: lost.clone(),
-                outputs: files.clone(),
+                stats_coverage: window.stats_coverage,
+                probe_cost_ns,
+                heap_probe_cost_ns,
+                own_usage: None,
             },
-            processes: cpu::process_shares(&profiles.cpu),
-            hotspots,
-            sched,
-            syscalls,
-            gpu,
-            gpu_metrics,
-            memory,
-            functions,
-            recommendations,
-            overhead: selfcost::overhead(
-                kernel.costs,
-                kernel.stats_available,
-                window.stats_coverage,
-                window.elapsed,
-                cpus,
-            ),
+            props,
+            maps,
+            processes: snapshot,
+            memory_interval: processes.memory_interval(),
+            symbols: Symbols::default(),
+            calls: outcome,
+            nvml: nvml_samples,
+            costs,
+            stats_available,
+            attached,
+            files_changed,
+            detach: None,
             limitations,
-            instrumentation: Instrumentation {
-                files_modified: kernel.files_changed,
-                probes: kernel.attached,
-                detach: kernel.detach.wait(),
-            },
         };
-        let (report, written) = write_all(&mut output, report, profile_files)?;
+
+        let mut symbolizer = Symbolizer::new();
+        let Analyzed { mut report, mut files, cpu_samples } =
+            analyze(&recording, kernel, &mut processes, gpu_state.as_ref(), &mut symbolizer)?;
+        let detach = detach.wait();
+        report.instrumentation.detach = detach.clone();
+        let props = &recording.props;
+        if props.save_readout {
+            recording.detach = Some(detach);
+            recording.run.own_usage =
+                Some((report.overhead.sysprof_cpu_s, report.overhead.sysprof_peak_rss_kib));
+            recording.symbols = symbolizer.answers().clone();
+            files.push(Rendered { name: recording::FILE_NAME.into(), bytes: recording.to_json()? });
+        }
+        let quiet = props.quiet;
+        let exit_code = recording.run.exit_code;
+        let (report, written) = write_all(&mut output, report, files)?;
         let removed = output.remove_stale(&written.written);
 
-        if !props.quiet {
-            print_summary(&output, &written, &removed, &report, &profiles.cpu);
+        if !quiet {
+            print_summary(&output, &written, &removed, &report, cpu_samples);
         }
         // Said even with --quiet: results that are missing are never a quiet matter.
         let mut reasons: Vec<&str> = written.failed.iter().map(|(_, reason)| reason.as_str()).collect();
@@ -320,9 +298,175 @@ impl Finish {
             output_dir: output.path().to_path_buf(),
             files: written.written,
             samples: report.run.samples,
-            lost: lost.total(),
+            lost: report.run.lost.total(),
         })
     }
+}
+
+/// A saved read-out (`readout.json`) through the analysis a live run does: its report, and the
+/// folded stacks and flamegraphs that go with it.
+pub fn replay(readout: &[u8]) -> anyhow::Result<(Report, Vec<Rendered>)> {
+    let recording = Recording::from_json(readout)?;
+    let gpu_state = recording.calls.gpu.as_ref().map(|gpu| GpuState::replay(&gpu.events)).transpose()?;
+    let mut maps = MapReader::replay(&recording.maps);
+    let kernel = KernelData::read(&mut maps, &recording.props, gpu_state.as_ref())?;
+    let mut processes =
+        ProcessTable::from_records(recording.processes.iter().cloned(), recording.memory_interval);
+    let mut symbolizer = Symbolizer::replay(recording.symbols.clone());
+    let Analyzed { mut report, files, .. } =
+        analyze(&recording, kernel, &mut processes, gpu_state.as_ref(), &mut symbolizer)?;
+    if let Some(detach) = &recording.detach {
+        report.instrumentation.detach = detach.clone();
+    }
+    Ok((report, files))
+}
+
+struct Analyzed {
+    report: Report,
+    /// Folded stacks and flamegraphs, rendered.
+    files: Vec<Rendered>,
+    /// On-CPU samples with a stack, for the closing line.
+    cpu_samples: u64,
+}
+
+/// Aggregates, symbolizes and builds the report model; the detach proof is the caller's.
+fn analyze(
+    recording: &Recording,
+    kernel: KernelData,
+    processes: &mut ProcessTable,
+    gpu_state: Option<&GpuState>,
+    symbolizer: &mut Symbolizer,
+) -> anyhow::Result<Analyzed> {
+    let props = &recording.props;
+    let run = &recording.run;
+    let outcome = &recording.calls;
+    let mut limitations = recording.limitations.clone();
+    let profiles = Profiles::build(&kernel, processes, symbolizer, run.sysprof_pid);
+    let names = CallNames::new(&kernel.calls, gpu_state, &kernel.call_stacks, processes, symbolizer);
+    let wall_s = run.elapsed.as_secs_f64();
+    let gpu = outcome.gpu.as_ref().zip(gpu_state).map(|(gpu, state)| {
+        let gpu_calls: Vec<_> = kernel
+            .calls
+            .iter()
+            .filter(|(key, _)| gpu::functions::by_id(key.func).is_some())
+            .copied()
+            .collect();
+        gpu::report::build(gpu.libraries.clone(), state, &gpu_calls, &names, wall_s, run.probe_cost_ns)
+    });
+    let functions = funcs::rows(&outcome.functions, &kernel.calls, &names);
+    let gpu_metrics = recording.nvml.clone().map(|(samples, topology)| {
+        let targets: BTreeSet<u32> = processes.iter().map(|(pid, _)| pid).collect();
+        nvml::report::build(samples, topology, props.gpu_interval_ms, gpu.as_ref(), &targets)
+    });
+    let memory = kernel.memory.as_ref().map(|dump| {
+        let live = outcome.heap.is_some().then(|| LiveBlocks::new(&dump.live));
+        let copied_ranges = gpu_state
+            .map(|state| redundancy::copied_ranges(state, live.as_ref(), &names))
+            .unwrap_or_default();
+        memory::report::build(memory::report::Inputs {
+            processes,
+            dump,
+            fault_sites: profiles.faults.as_ref().map(memory::profiles::fault_sites).unwrap_or_default(),
+            heap: outcome
+                .heap
+                .as_ref()
+                .map(|heap| (heap.allocators.clone(), profiles.alloc_sites.clone(), run.heap_probe_cost_ns)),
+            gpu: gpu_state,
+            gpu_metrics: gpu_metrics.as_ref(),
+            copied_ranges,
+            wall_s,
+            sysprof_pid: run.sysprof_pid,
+        })
+    });
+
+    if let Some(memory) = &memory {
+        limitations.extend(memory::report::limitations(memory, processes));
+    }
+
+    // Rendered in memory, written after the report (see write_all).
+    let files = profiles.render(props)?;
+    let mut outputs: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
+    outputs.extend(["report.md".to_string(), "report.json".to_string()]);
+    if props.save_readout {
+        outputs.push(recording::FILE_NAME.into());
+    }
+
+    let lost = lost(&kernel.counters);
+    if lost.total() > 0 {
+        limitations.push(format!(
+            "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
+            thousands(lost.total())
+        ));
+    }
+    let cpus = run.cpus;
+    let sched = kernel
+        .sched
+        .as_ref()
+        .zip(profiles.offcpu.as_ref())
+        .map(|(dump, offcpu)| sched::analyze(dump, offcpu, processes, run.elapsed, run.end_ns));
+    let syscalls = kernel
+        .syscalls
+        .as_ref()
+        .filter(|_| props.families.syscalls)
+        .map(|dump| syscalls::analyze(dump, processes, run.elapsed));
+    let hotspots = cpu::hotspots(&profiles.cpu, HOTSPOTS);
+    let recommendations = Ranked {
+        cpu: &profiles.cpu,
+        hotspots: &hotspots,
+        sched: sched.as_ref(),
+        syscalls: syscalls.as_ref(),
+        gpu: gpu.as_ref(),
+        gpu_metrics: gpu_metrics.as_ref(),
+        memory: memory.as_ref(),
+        cpus,
+        wall_s,
+    }
+    .recommendations();
+    let mut overhead = selfcost::overhead(
+        recording.costs.clone(),
+        recording.stats_available,
+        run.stats_coverage,
+        run.elapsed,
+        cpus,
+    );
+    if let Some((cpu_s, peak_rss_kib)) = run.own_usage {
+        (overhead.sysprof_cpu_s, overhead.sysprof_peak_rss_kib) = (cpu_s, peak_rss_kib);
+    }
+    let report = Report {
+        sysprof_version: env!("CARGO_PKG_VERSION").into(),
+        run: RunSummary {
+            target: props.target.clone(),
+            command: props.command.clone(),
+            started_at: run.started_at.clone(),
+            duration_s: wall_s,
+            ended_by: run.ended_by.clone(),
+            command_status: run.command_status.clone(),
+            event: props.event,
+            frequency_hz: props.frequency_hz,
+            cpus,
+            machine_busy_share: run.machine_busy_share,
+            samples: kernel.counters.get(Counter::CpuSamples),
+            lost,
+            outputs,
+        },
+        processes: cpu::process_shares(&profiles.cpu),
+        hotspots,
+        sched,
+        syscalls,
+        gpu,
+        gpu_metrics,
+        memory,
+        functions,
+        recommendations,
+        overhead,
+        limitations,
+        instrumentation: Instrumentation {
+            files_modified: recording.files_changed.clone(),
+            probes: recording.attached.clone(),
+            detach: DetachReport { programs: recording.attached.len(), still_loaded: Vec::new() },
+        },
+    };
+    Ok(Analyzed { report, files, cpu_samples: profiles.cpu.total() })
 }
 
 /// Writes the report first (on a full disk it is what must survive), then the folded stacks,
@@ -397,14 +541,20 @@ struct Profiles {
 }
 
 impl Profiles {
-    fn build(kernel: &KernelData, processes: &mut ProcessTable, symbolizer: &mut Symbolizer) -> Self {
+    fn build(
+        kernel: &KernelData,
+        processes: &mut ProcessTable,
+        symbolizer: &mut Symbolizer,
+        sysprof_pid: u32,
+    ) -> Self {
         let cpu = profile::cpu_profile(&kernel.cpu, processes, symbolizer);
         let offcpu = kernel.sched.as_ref().map(|dump| offcpu_profile(dump, processes, symbolizer));
         let faults =
             kernel.memory.as_ref().map(|dump| memory::profiles::fault_profile(dump, processes, symbolizer));
         let (alloc, alloc_sites) = match kernel.memory.as_ref().filter(|dump| !dump.heaps.is_empty()) {
             Some(dump) => {
-                let (profile, sites) = memory::profiles::heap_profile(dump, processes, symbolizer);
+                let (profile, sites) =
+                    memory::profiles::heap_profile(dump, processes, symbolizer, sysprof_pid);
                 (Some(profile), sites)
             }
             None => (None, Vec::new()),
@@ -546,44 +696,6 @@ fn tracer_limitations(quiet: bool, calls: &CallTracing) -> Vec<String> {
     lines
 }
 
-/// Reads every map the run filled, then starts detaching everything: the probes go before the
-/// slow stages (symbolization), and the detach is verified before the report is written.
-fn read_out(families: Families, probes: Probes, tracing: &CallTracing) -> anyhow::Result<KernelData> {
-    let counters = probes.counters()?;
-    let cpu = probes.cpu_samples()?;
-    let sched = families.sched.then(|| probes.sched()).transpose()?;
-    let syscalls = families.syscalls.then(|| probes.syscalls()).transpose()?;
-    let memory = families.memory.then(|| probes.memory(tracing.heap.is_some())).transpose()?;
-    let probed = tracing.gpu.is_some() || !tracing.funcs.is_empty();
-    let calls = if probed { probes.calls()? } else { Vec::new() };
-    let mut stack_ids: BTreeSet<u32> =
-        calls.iter().filter_map(|(key, _)| u32::try_from(key.user_stack_id).ok()).collect();
-    if let Some(gpu) = &tracing.gpu {
-        stack_ids.extend(gpu.state.live().filter_map(|(_, a)| u32::try_from(a.user_stack_id).ok()));
-        stack_ids.extend(gpu.state.h2d.iter().filter_map(|c| u32::try_from(c.user_stack_id).ok()));
-    }
-    let call_stacks = probes.stacks(&stack_ids)?;
-    let costs = probes.costs();
-    let stats_available = probes.stats_available();
-    let attached = probes.attached().to_vec();
-    let files_changed = probes.probed_files_changed();
-    let detach = probes.detach();
-    Ok(KernelData {
-        counters,
-        cpu,
-        sched,
-        syscalls,
-        memory,
-        calls,
-        call_stacks,
-        costs,
-        stats_available,
-        attached,
-        files_changed,
-        detach,
-    })
-}
-
 /// Off-CPU time by stack, weighted in microseconds, with why the thread was off CPU as the
 /// first frame under the process.
 fn offcpu_profile(
@@ -620,7 +732,7 @@ fn print_summary(
     written: &output::Written,
     removed: &[String],
     report: &Report,
-    cpu: &StackProfile,
+    cpu_samples: u64,
 ) {
     let dir = output.path().display();
     if let Some(status) = &report.run.command_status {
@@ -644,7 +756,7 @@ fn print_summary(
     if !written.failed.is_empty() {
         return;
     }
-    if cpu.total() > 0 {
+    if cpu_samples > 0 {
         stderr_line(format_args!(
             "Open {dir}/cpu.svg in a browser; read {dir}/report.md for the hotspots and what to change first."
         ));

@@ -39,6 +39,8 @@ pub mod probes;
 pub(crate) mod procmaps;
 pub(crate) mod procs;
 pub(crate) mod profile;
+pub(crate) mod readout;
+pub(crate) mod recording;
 pub mod report;
 pub mod sched;
 pub(crate) mod selfcost;
@@ -49,5 +51,5 @@ pub mod terminal;
 pub mod trace;
 pub(crate) mod uprobes;
 
-pub use finish::TraceOutcome;
+pub use finish::{TraceOutcome, replay};
 pub use trace::trace;

@@ -20,7 +20,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sysprof_common::{CallKey, CallStats, Config, Counter, names};
 
 use crate::{error::Error, privileges};
@@ -29,7 +29,7 @@ use crate::{error::Error, privileges};
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
 
 /// One program attached to the kernel, for the Part B changelog.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AttachedProbe {
     /// Program name in the object.
     pub program: String,
@@ -44,7 +44,7 @@ pub struct AttachedProbe {
 }
 
 /// Run-time statistics of one program, from the kernel's BPF stats.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProgramCost {
     pub program: String,
     pub run_count: u64,
@@ -52,7 +52,7 @@ pub struct ProgramCost {
 }
 
 /// What detaching left behind, checked against the kernel's list of loaded programs.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DetachReport {
     /// Programs sysprof had loaded.
     pub programs: usize,
@@ -67,6 +67,15 @@ pub struct Counters([u64; Counter::SLOTS as usize]);
 impl Counters {
     pub fn get(&self, counter: Counter) -> u64 {
         self.0[counter as usize]
+    }
+
+    /// The counters of the read-out (see `readout.rs`).
+    pub(crate) fn read(maps: &mut crate::readout::MapReader<'_>) -> anyhow::Result<Self> {
+        let mut counters = Counters::default();
+        for (slot, total) in counters.0.iter_mut().enumerate() {
+            *total = maps.per_cpu::<u64>(names::COUNTERS, slot as u32)?.iter().sum();
+        }
+        Ok(counters)
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
 use procfs::process::{MMapPath, Process};
 
 /// What backs an executable mapping.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Backing {
     /// An ELF file: `path` as the process saw it, `open` as sysprof can open it.
     File { path: PathBuf, open: PathBuf },
@@ -23,7 +23,7 @@ pub enum Backing {
 }
 
 /// One executable mapping.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Mapping {
     pub start: u64,
     pub end: u64,
@@ -53,7 +53,7 @@ impl Mapping {
 }
 
 /// The executable mappings of one process, sorted by address.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessMaps {
     mappings: Vec<Mapping>,
     /// The process's user when its maps were read: whose files in /tmp (perf maps) it may

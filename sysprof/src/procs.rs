@@ -27,7 +27,7 @@ pub const FAST_RESCAN_INTERVAL: Duration = Duration::from_millis(200);
 const MAX_PERIODIC_RESCANS: usize = 128;
 
 /// What sysprof knows about one process.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProcessRecord {
     pub name: String,
     pub parent: Option<u32>,
@@ -41,7 +41,9 @@ pub struct ProcessRecord {
     /// Its memory over the run (when memory is traced).
     pub memory: Series,
     /// When its maps were last read, and how many early rescans it has had.
+    #[serde(skip)]
     last_scan: Option<Instant>,
+    #[serde(skip)]
     early_scans: usize,
 }
 
@@ -54,6 +56,8 @@ pub struct ProcessTable {
     maps_version: u64,
     /// When memory is read, if it is.
     memory: Option<Schedule>,
+    /// Built from a saved read-out: nothing is read from /proc.
+    replayed: bool,
 }
 
 impl Default for ProcessTable {
@@ -63,6 +67,7 @@ impl Default for ProcessTable {
             rescan_interval: RESCAN_INTERVAL,
             maps_version: 0,
             memory: None,
+            replayed: false,
         }
     }
 }
@@ -70,6 +75,20 @@ impl Default for ProcessTable {
 impl ProcessTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A table of processes seen before (a saved read-out), whose memory was read every
+    /// `memory_interval`; nothing is read from /proc.
+    pub fn from_records(
+        records: impl IntoIterator<Item = (u32, ProcessRecord)>,
+        memory_interval: Option<Duration>,
+    ) -> Self {
+        ProcessTable {
+            processes: records.into_iter().collect(),
+            memory: memory_interval.map(Schedule::new),
+            replayed: true,
+            ..Self::default()
+        }
     }
 
     /// Re-reads live processes' maps this often (libraries loaded with dlopen show up then).
@@ -177,7 +196,7 @@ impl ProcessTable {
 
     /// Reads the maps of `pid` if it was never seen: a process that only shows up in samples.
     pub fn ensure(&mut self, pid: u32) {
-        if !self.processes.contains_key(&pid) {
+        if !self.replayed && !self.processes.contains_key(&pid) {
             self.observe_existing(pid);
         }
     }

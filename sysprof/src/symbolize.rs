@@ -6,19 +6,25 @@
 //! resolves through the runtime's perf map (/tmp/perf-PID.map: `python -X perf`, node
 //! `--perf-basic-prof`, the JVM with perf-map-agent). What cannot be resolved keeps its module
 //! and offset, so no frame vanishes.
+//!
+//! Every answer is kept ([`Symbols`]), so that a saved read-out replays with the names the run
+//! had, on a machine without its binaries.
 
-use std::{collections::HashMap, path::PathBuf};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blazesym,
     source::{Elf, Kernel, Source},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::procmaps::{Backing, Mapping, ProcessMaps};
 
 /// One frame of a symbolized stack.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frame {
     /// Demangled function name, or `[unknown] module+0xoffset`.
     pub function: String,
@@ -42,10 +48,18 @@ impl Frame {
 /// outermost first.
 pub type Frames = Vec<Frame>;
 
+/// The frames each address resolved to: kernel addresses, and user addresses per process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Symbols {
+    kernel: BTreeMap<u64, Frames>,
+    user: BTreeMap<u32, BTreeMap<u64, Frames>>,
+}
+
 /// Resolves addresses to frames, caching per file and per kernel address.
 pub struct Symbolizer {
-    blazesym: Blazesym,
-    kernel: HashMap<u64, Frames>,
+    /// None when replaying: every answer comes from `known`.
+    blazesym: Option<Blazesym>,
+    known: Symbols,
     perf_maps: HashMap<u32, Option<PerfMap>>,
 }
 
@@ -62,34 +76,83 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             .enable_code_info(false)
             .build();
-        Symbolizer { blazesym, kernel: HashMap::new(), perf_maps: HashMap::new() }
+        Symbolizer { blazesym: Some(blazesym), known: Symbols::default(), perf_maps: HashMap::new() }
+    }
+
+    /// Answers from what an earlier run resolved (a saved read-out); what it did not resolve
+    /// stays unknown.
+    pub fn replay(known: Symbols) -> Self {
+        Symbolizer { blazesym: None, known, perf_maps: HashMap::new() }
+    }
+
+    /// Every answer given so far.
+    pub fn answers(&self) -> &Symbols {
+        &self.known
     }
 
     /// Kernel addresses to frames.
     pub fn kernel(&mut self, addrs: &[u64]) -> HashMap<u64, Frames> {
-        let missing: Vec<u64> = addrs.iter().copied().filter(|a| !self.kernel.contains_key(a)).collect();
-        if !missing.is_empty() {
+        let missing: Vec<u64> =
+            addrs.iter().copied().filter(|a| !self.known.kernel.contains_key(a)).collect();
+        if let Some(blazesym) = self.blazesym.as_ref().filter(|_| !missing.is_empty()) {
             let source = Source::Kernel(Kernel {
                 // A vmlinux with DWARF is rarely installed and slow to parse; kallsyms names
                 // every function.
                 vmlinux: blazesym::MaybeDefault::None,
                 ..Kernel::default()
             });
-            let resolved = self.blazesym.symbolize(&source, Input::AbsAddr(&missing));
+            let resolved = blazesym.symbolize(&source, Input::AbsAddr(&missing));
             for (index, &addr) in missing.iter().enumerate() {
                 let frames = match &resolved {
                     Ok(symbols) => frames_of(&symbols[index], Frame::KERNEL_MODULE)
                         .unwrap_or_else(|| vec![Frame::unknown(Frame::KERNEL_MODULE, addr)]),
                     Err(_) => vec![Frame::unknown(Frame::KERNEL_MODULE, addr)],
                 };
-                self.kernel.insert(addr, frames);
+                self.known.kernel.insert(addr, frames);
             }
         }
-        addrs.iter().map(|addr| (*addr, self.kernel[addr].clone())).collect()
+        addrs
+            .iter()
+            .map(|addr| {
+                let frames = self.known.kernel.get(addr).cloned();
+                (*addr, frames.unwrap_or_else(|| vec![Frame::unknown(Frame::KERNEL_MODULE, *addr)]))
+            })
+            .collect()
     }
 
     /// User addresses of process `pid` to frames, through its mapping snapshot.
     pub fn user(&mut self, pid: u32, maps: Option<&ProcessMaps>, addrs: &[u64]) -> HashMap<u64, Frames> {
+        let known = self.known.user.entry(pid).or_default();
+        let (mut result, missing): (HashMap<u64, Frames>, Vec<u64>) = {
+            let mut result = HashMap::with_capacity(addrs.len());
+            let mut missing = Vec::new();
+            for &addr in addrs {
+                match known.get(&addr) {
+                    Some(frames) => {
+                        result.insert(addr, frames.clone());
+                    }
+                    None => missing.push(addr),
+                }
+            }
+            (result, missing)
+        };
+        if self.blazesym.is_none() {
+            for addr in missing {
+                let module = maps.and_then(|maps| maps.find(addr)).map(Mapping::module_name);
+                result.insert(addr, vec![Frame::unknown(module.as_deref().unwrap_or("[unknown]"), addr)]);
+            }
+            return result;
+        }
+        let fresh = self.resolve_user(pid, maps, &missing);
+        let known = self.known.user.entry(pid).or_default();
+        for (addr, frames) in fresh {
+            known.insert(addr, frames.clone());
+            result.insert(addr, frames);
+        }
+        result
+    }
+
+    fn resolve_user(&mut self, pid: u32, maps: Option<&ProcessMaps>, addrs: &[u64]) -> HashMap<u64, Frames> {
         let mut result = HashMap::with_capacity(addrs.len());
         let Some(maps) = maps else {
             for &addr in addrs {
@@ -147,7 +210,8 @@ impl Symbolizer {
     ) {
         let offsets: Vec<u64> = addrs.iter().map(|&addr| mapping.file_offset_of(addr)).collect();
         let source = Source::Elf(Elf::new(path));
-        let resolved = self.blazesym.symbolize(&source, Input::FileOffset(&offsets));
+        let Some(blazesym) = &self.blazesym else { return };
+        let resolved = blazesym.symbolize(&source, Input::FileOffset(&offsets));
         for (index, &addr) in addrs.iter().enumerate() {
             let frames = match &resolved {
                 Ok(symbols) => frames_of(&symbols[index], module),

@@ -193,6 +193,9 @@ async fn run(
         events: None,
         seen_maps: 0,
     };
+    if let Some(gpu) = calls.gpu.as_mut().filter(|_| config.save_readout) {
+        gpu.kept_events = Some(Vec::new());
+    }
     let mut limitation = |line: String| {
         if !config.quiet {
             say!("{line}");

@@ -404,3 +404,16 @@ pub fn spawn_tracing_with(command: &mut Command) -> Tracing {
     });
     Tracing { child, stderr: text, reader: Some(reader) }
 }
+
+/// Compares `actual` with the golden file at `path`; `SYSPROF_BLESS=1` rewrites it instead. A
+/// missing golden file fails: they are only ever created on request.
+pub fn assert_golden(path: &Path, actual: &str) {
+    if std::env::var_os("SYSPROF_BLESS").is_some() {
+        std::fs::write(path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(path).unwrap_or_else(|_| {
+        panic!("no golden file {}: run with SYSPROF_BLESS=1 to create it", path.display())
+    });
+    assert_eq!(actual, expected, "{} changed: review, then SYSPROF_BLESS=1 to accept", path.display());
+}

@@ -12,6 +12,7 @@ use sysprof_common::{SampleKey, names};
 use crate::{
     config::SampleEvent,
     probes::{AttachedProbe, Probes, cpu_ranges, online_cpus, perf_event_error, program_mut, rejected},
+    readout::MapReader,
 };
 
 /// Raw on-CPU samples as the kernel aggregated them, with the stacks they reference.
@@ -53,16 +54,18 @@ impl Probes {
         });
         Ok(())
     }
+}
 
+impl CpuSamples {
     /// Reads the on-CPU sample counts and every stack they reference.
-    pub fn cpu_samples(&self) -> anyhow::Result<CpuSamples> {
-        let counts: Vec<(SampleKey, u64)> = self.entries(names::CPU_SAMPLES)?;
+    pub(crate) fn read(maps: &mut MapReader<'_>) -> anyhow::Result<Self> {
+        let counts: Vec<(SampleKey, u64)> = maps.entries(names::CPU_SAMPLES)?;
         let ids: BTreeSet<u32> = counts
             .iter()
             .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
-        let stacks = self.stacks_in(names::CPU_STACKS, &ids)?;
+        let stacks = maps.stacks(names::CPU_STACKS, &ids)?;
         Ok(CpuSamples { counts, stacks })
     }
 }

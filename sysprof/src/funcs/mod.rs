@@ -27,6 +27,14 @@ pub struct FuncTracer {
     pub problems: Vec<String>,
 }
 
+/// A `--func` function that was probed, under its call id.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct ProbedFunction {
+    pub id: u32,
+    pub symbol: String,
+    pub binary: String,
+}
+
 /// One probed function in the report.
 #[derive(Clone, Debug, Serialize)]
 pub struct FuncRow {
@@ -104,39 +112,51 @@ impl FuncTracer {
             .collect()
     }
 
-    /// The report rows from the kernel-side statistics.
-    pub fn rows(&self, calls: &[(CallKey, CallStats)], names: &dyn Names) -> Vec<FuncRow> {
+    /// The functions that were probed.
+    pub fn probed(&self) -> Vec<ProbedFunction> {
         self.specs
             .iter()
             .enumerate()
             .filter(|(index, _)| self.attached[*index].as_ref().is_some_and(|p| !p.as_os_str().is_empty()))
-            .map(|(index, spec)| {
-                let id = USER_FUNCTION_BASE + index as u32;
-                let mut hist = latency::empty();
-                let mut negative = 0;
-                let mut callers: Vec<(String, u64)> = Vec::new();
-                for (key, stats) in calls.iter().filter(|(key, _)| key.func == id) {
-                    latency::merge(&mut hist, &stats.latency);
-                    negative += stats.errors;
-                    let site = names.call_site(key.tgid, key.user_stack_id, key.caller);
-                    match callers.iter_mut().find(|(s, _)| *s == site) {
-                        Some((_, count)) => *count += stats.latency.count,
-                        None => callers.push((site, stats.latency.count)),
-                    }
-                }
-                callers.sort_by_key(|(_, calls)| std::cmp::Reverse(*calls));
-                callers.truncate(5);
-                FuncRow {
-                    function: spec.symbol.clone(),
-                    binary: spec.binary.clone(),
-                    calls: hist.count,
-                    negative_returns: negative,
-                    latency: latency::percentiles(&hist),
-                    callers,
-                }
+            .map(|(index, spec)| ProbedFunction {
+                id: USER_FUNCTION_BASE + index as u32,
+                symbol: spec.symbol.clone(),
+                binary: spec.binary.clone(),
             })
             .collect()
     }
+}
+
+/// The report rows of the probed functions, from the kernel-side statistics.
+pub fn rows(functions: &[ProbedFunction], calls: &[(CallKey, CallStats)], names: &dyn Names) -> Vec<FuncRow> {
+    functions
+        .iter()
+        .map(|probed| {
+            let id = probed.id;
+            let mut hist = latency::empty();
+            let mut negative = 0;
+            let mut callers: Vec<(String, u64)> = Vec::new();
+            for (key, stats) in calls.iter().filter(|(key, _)| key.func == id) {
+                latency::merge(&mut hist, &stats.latency);
+                negative += stats.errors;
+                let site = names.call_site(key.tgid, key.user_stack_id, key.caller);
+                match callers.iter_mut().find(|(s, _)| *s == site) {
+                    Some((_, count)) => *count += stats.latency.count,
+                    None => callers.push((site, stats.latency.count)),
+                }
+            }
+            callers.sort_by_key(|(_, calls)| std::cmp::Reverse(*calls));
+            callers.truncate(5);
+            FuncRow {
+                function: probed.symbol.clone(),
+                binary: probed.binary.clone(),
+                calls: hist.count,
+                negative_returns: negative,
+                latency: latency::percentiles(&hist),
+                callers,
+            }
+        })
+        .collect()
 }
 
 /// A file the target maps whose name is `name` (or starts with it: `libc.so` finds libc.so.6).

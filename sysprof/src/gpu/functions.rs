@@ -4,7 +4,7 @@
 use sysprof_common::call;
 
 /// Which library exports a function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Library {
     /// libcudart (CUDA runtime API), or an executable that links it statically.
     Runtime,

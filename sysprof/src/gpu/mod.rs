@@ -37,7 +37,7 @@ const INSTALL_DIRS: &[&str] = &[
 ];
 
 /// One library file with probes.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProbedLibrary {
     pub library: Library,
     pub path: PathBuf,
@@ -58,6 +58,8 @@ pub struct GpuTracer {
     /// Attach failures, one line each, for the report.
     pub problems: Vec<String>,
     pub state: GpuState,
+    /// Every call event, kept only when the read-out is saved (`--save-readout`).
+    pub kept_events: Option<Vec<crate::readout::Bytes>>,
 }
 
 impl GpuTracer {
@@ -70,6 +72,7 @@ impl GpuTracer {
             libraries: Vec::new(),
             problems: Vec::new(),
             state: GpuState::default(),
+            kept_events: None,
         }
     }
 

@@ -145,6 +145,15 @@ pub struct GpuState {
 pub const MEMSET: &str = "memset";
 
 impl GpuState {
+    /// The state as the events of a saved read-out build it.
+    pub fn replay(events: &[crate::readout::Bytes]) -> anyhow::Result<Self> {
+        let mut state = GpuState::default();
+        for event in events {
+            state.on_event(&event.decode()?);
+        }
+        Ok(state)
+    }
+
     pub fn on_event(&mut self, event: &CallEvent) {
         let Some(function) = functions::by_id(event.func) else { return };
         self.events += 1;

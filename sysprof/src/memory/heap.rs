@@ -45,7 +45,7 @@ const ALLOCATORS: [(&str, &str); 6] = [
 ];
 
 /// One allocator file with probes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ProbedAllocator {
     pub allocator: String,
     pub path: PathBuf,

@@ -11,8 +11,9 @@ use sysprof_common::{
     AddressSpace, AllocKey, AllocStats, FaultKey, LiveAlloc, LiveKey, ProcessAllocs, names,
 };
 
-use crate::probes::{
-    AttachedProbe, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected,
+use crate::{
+    probes::{AttachedProbe, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected},
+    readout::MapReader,
 };
 
 /// Memory statistics as the kernel aggregated them, with the stacks they reference.
@@ -63,20 +64,22 @@ impl Probes {
         }
         Ok(())
     }
+}
 
+impl MemoryDump {
     /// Reads the memory statistics; the heap's too when `heap`.
-    pub fn memory(&self, heap: bool) -> anyhow::Result<MemoryDump> {
-        let faults = self
+    pub(crate) fn read(maps: &mut MapReader<'_>, heap: bool) -> anyhow::Result<Self> {
+        let faults = maps
             .entries::<u64, u64>(names::FAULT_COUNTS)?
             .into_iter()
             .map(|(key, count)| (((key >> 1) as u32, key & 1 == 1), count))
             .collect();
-        let fault_stacks: Vec<(FaultKey, u64)> = self.entries(names::FAULT_STACKS)?;
+        let fault_stacks: Vec<(FaultKey, u64)> = maps.entries(names::FAULT_STACKS)?;
         let (alloc_sites, heaps, live) = if heap {
             (
-                self.entries(names::ALLOC_STACKS)?,
-                self.entries(names::PROCESS_ALLOCS)?,
-                self.entries::<LiveKey, LiveAlloc>(names::LIVE_ALLOCS)?,
+                maps.entries(names::ALLOC_STACKS)?,
+                maps.entries(names::PROCESS_ALLOCS)?,
+                maps.entries::<LiveKey, LiveAlloc>(names::LIVE_ALLOCS)?,
             )
         } else {
             Default::default()
@@ -89,13 +92,13 @@ impl Probes {
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
         Ok(MemoryDump {
-            address_space: self.entries(names::ADDRESS_SPACE)?,
+            address_space: maps.entries(names::ADDRESS_SPACE)?,
             faults,
             fault_stacks,
             alloc_sites,
             heaps,
             live,
-            stacks: self.stacks(&ids)?,
+            stacks: maps.stacks(names::STACKS, &ids)?,
         })
     }
 }

@@ -97,10 +97,12 @@ pub fn fault_sites(faults: &StackProfile) -> Vec<FaultSite> {
 const REBUILT_STACK_IDS: u32 = 0x4000_0000;
 
 /// Heap allocations by stack, weighted in bytes, and the sites that allocate the most.
+/// `sysprof_pid`'s own allocations (its calibration) are left out.
 pub fn heap_profile(
     dump: &MemoryDump,
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
+    sysprof_pid: u32,
 ) -> (StackProfile, Vec<AllocSite>) {
     // A stack taken at the allocator's first instruction misses its caller (the frame pointer
     // still belongs to the caller): each (stack, caller) pair becomes a stack of its own with
@@ -127,7 +129,7 @@ pub fn heap_profile(
     }
     let mut samples = Vec::with_capacity(dump.alloc_sites.len());
     let mut counts: HashMap<(u32, i32), u64> = HashMap::new();
-    for (key, stats) in dump.alloc_sites.iter().filter(|(key, _)| key.tgid != std::process::id()) {
+    for (key, stats) in dump.alloc_sites.iter().filter(|(key, _)| key.tgid != sysprof_pid) {
         let id = stack_of(key.user_stack_id, key.caller);
         *counts.entry((key.tgid, id)).or_default() += stats.count;
         samples.push(StackSample {

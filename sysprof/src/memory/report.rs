@@ -181,14 +181,17 @@ pub struct Inputs<'a> {
     pub gpu_metrics: Option<&'a GpuMetricsReport>,
     pub copied_ranges: Vec<CopiedRange>,
     pub wall_s: f64,
+    /// sysprof's own process, never one of the rows.
+    pub sysprof_pid: u32,
 }
 
 /// Builds the memory section.
 pub fn build(inputs: Inputs<'_>) -> MemoryReport {
-    let Inputs { processes, dump, fault_sites, heap, gpu, gpu_metrics, copied_ranges, wall_s } = inputs;
+    let Inputs { processes, dump, fault_sites, heap, gpu, gpu_metrics, copied_ranges, wall_s, sysprof_pid } =
+        inputs;
     let wall_s = wall_s.max(1e-9);
     let faults = |pid: u32, major: bool| dump.faults.get(&(pid, major)).copied().unwrap_or(0);
-    let me = std::process::id();
+    let me = sysprof_pid;
     let mut rows: Vec<ProcessMemory> = processes
         .iter()
         .filter(|(pid, record)| {

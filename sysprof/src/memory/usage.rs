@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 /// A process's memory at one moment (bytes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct MemorySample {
     /// Milliseconds since the trace started.
     pub t_ms: u64,
@@ -49,7 +49,7 @@ impl MemorySample {
 const MAX_SAMPLES: usize = 2048;
 
 /// One process's samples, oldest first.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Series {
     samples: Vec<MemorySample>,
 }

@@ -52,6 +52,7 @@ pub enum Artifact<'a> {
 }
 
 /// One file's name and contents, rendered and not yet written.
+#[derive(Debug)]
 pub struct Rendered {
     pub name: String,
     pub bytes: Vec<u8>,
@@ -75,7 +76,7 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
 
 /// Whether `name` is a file sysprof writes: only those are ever removed as stale.
 pub fn is_sysprof_output(name: &str) -> bool {
-    matches!(name, "report.md" | "report.json")
+    matches!(name, "report.md" | "report.json" | crate::recording::FILE_NAME)
         || name.split_once('.').is_some_and(|(base, ext)| {
             matches!(base, "cpu" | "offcpu" | "faults" | "alloc") && matches!(ext, "folded" | "svg")
         })

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use sysprof_common::{LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSched, names};
 
-use crate::probes::Probes;
+use crate::{probes::Probes, readout::MapReader};
 
 /// Scheduler statistics as the kernel aggregated them, with the off-CPU stacks.
 #[derive(Debug, Default)]
@@ -28,19 +28,21 @@ impl Probes {
     pub fn attach_sched_wakeup(&mut self) -> anyhow::Result<()> {
         self.attach_btf_tracepoint("sched_wakeup", "sched_wakeup")
     }
+}
 
+impl SchedDump {
     /// Reads the scheduler statistics and the off-CPU stacks.
-    pub fn sched(&self) -> anyhow::Result<SchedDump> {
-        let offcpu: Vec<(OffCpuKey, OffCpuValue)> = self.entries(names::OFFCPU)?;
+    pub(crate) fn read(maps: &mut MapReader<'_>) -> anyhow::Result<Self> {
+        let offcpu: Vec<(OffCpuKey, OffCpuValue)> = maps.entries(names::OFFCPU)?;
         let ids: BTreeSet<u32> = offcpu
             .iter()
             .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
         Ok(SchedDump {
-            threads: self.entries(names::THREAD_SCHED)?,
-            runq: self.entries(names::RUNQ_LATENCY)?,
-            stacks: self.stacks(&ids)?,
+            threads: maps.entries(names::THREAD_SCHED)?,
+            runq: maps.entries(names::RUNQ_LATENCY)?,
+            stacks: maps.stacks(names::STACKS, &ids)?,
             offcpu,
         })
     }

@@ -1,10 +1,9 @@
 //! The syscall family's kernel side: the enter/exit programs, and the read-out of their exact
 //! counts, errors and latency histograms.
 
-use aya::maps::{MapData, PerCpuArray};
 use sysprof_common::{SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
 
-use crate::probes::Probes;
+use crate::{probes::Probes, readout::MapReader};
 
 /// Syscall statistics as the kernel aggregated them.
 #[derive(Debug, Default)]
@@ -21,21 +20,21 @@ impl Probes {
         self.attach_btf_tracepoint("syscall_enter", "sys_enter")?;
         self.attach_btf_tracepoint("syscall_exit", "sys_exit")
     }
+}
 
+impl SyscallDump {
     /// Reads the syscall statistics.
-    pub fn syscalls(&self) -> anyhow::Result<SyscallDump> {
-        let slots: PerCpuArray<&MapData, SyscallSlot> =
-            PerCpuArray::try_from(self.map(names::SYSCALL_SLOT)?)?;
-        let pending = slots
-            .get(&0, 0)?
+    pub(crate) fn read(maps: &mut MapReader<'_>) -> anyhow::Result<Self> {
+        let pending = maps
+            .per_cpu::<SyscallSlot>(names::SYSCALL_SLOT, 0)?
             .iter()
             .flat_map(|slot| slot.pending)
             .filter(|p| p.count != 0)
             .map(|p| (SyscallKey { tgid: p.tgid, nr: p.nr }, u64::from(p.count)))
             .collect();
         Ok(SyscallDump {
-            stats: self.entries(names::SYSCALLS)?,
-            errors: self.entries(names::SYSCALL_ERRORS)?,
+            stats: maps.entries(names::SYSCALLS)?,
+            errors: maps.entries(names::SYSCALL_ERRORS)?,
             pending,
         })
     }

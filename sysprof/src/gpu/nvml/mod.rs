@@ -83,7 +83,7 @@ pub fn topo(library: Option<&Path>, json: bool) -> anyhow::Result<u8> {
 }
 
 /// One poll of one device. Fields are None where the device does not support them.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Sample {
     /// Milliseconds since polling started.
     pub t_ms: u64,

@@ -11,7 +11,7 @@ use serde::Serialize;
 const MAX_NVLINKS: u32 = 18;
 
 /// One GPU and its links.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct DeviceInfo {
     pub index: u32,
     pub name: String,
@@ -30,7 +30,7 @@ pub struct DeviceInfo {
 }
 
 /// One active NVLink.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct NvLink {
     pub link: u32,
     pub version: Option<u32>,
@@ -39,7 +39,7 @@ pub struct NvLink {
 }
 
 /// All GPUs, and the connection of every pair (`matrix[i][j]`: X, NV#, PIX, PXB, PHB, NODE, SYS).
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Topology {
     pub devices: Vec<DeviceInfo>,
     pub matrix: Vec<Vec<String>>,

@@ -1,0 +1,182 @@
+//! The read-out: what the families read from the kernel's maps at the end of a trace, through
+//! one reader that either asks the kernel and keeps what it answered, or answers from what was
+//! kept. The analysis after it is the same code either way, so a saved read-out (see
+//! `recording.rs`) replays a real run through analysis, report and Markdown without root.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use anyhow::Context as _;
+use aya::{
+    Pod,
+    maps::{MapData, PerCpuArray},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::probes::Probes;
+
+/// The contents of the maps as they were read: the bytes of each key and value, so the record
+/// stays the kernel's view (no family's types are needed to save or load it).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MapContents {
+    /// Hash maps: name -> every (key, value).
+    #[serde(default)]
+    hashes: BTreeMap<String, Vec<(Bytes, Bytes)>>,
+    /// Stack maps: name -> stack id -> instruction pointers, innermost first.
+    #[serde(default)]
+    stacks: BTreeMap<String, BTreeMap<u32, Vec<u64>>>,
+    /// Per-CPU arrays: name -> index -> each CPU's value.
+    #[serde(default)]
+    per_cpu: BTreeMap<String, BTreeMap<u32, Vec<Bytes>>>,
+}
+
+/// Bytes, written as hex.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Bytes(#[serde(with = "hex::serde")] Vec<u8>);
+
+impl Bytes {
+    pub(crate) fn of<T: Pod>(value: &T) -> Self {
+        Bytes(bytes_of(value))
+    }
+
+    pub(crate) fn decode<T: Pod>(&self) -> anyhow::Result<T> {
+        from_bytes(&self.0)
+    }
+}
+
+/// Reads the maps: from the kernel (keeping every answer), or from a saved read-out.
+pub(crate) enum MapReader<'a> {
+    Live { probes: &'a Probes, kept: MapContents },
+    Replay(&'a MapContents),
+}
+
+impl<'a> MapReader<'a> {
+    pub(crate) fn live(probes: &'a Probes) -> Self {
+        MapReader::Live { probes, kept: MapContents::default() }
+    }
+
+    pub(crate) fn replay(contents: &'a MapContents) -> Self {
+        MapReader::Replay(contents)
+    }
+
+    /// What the live reader kept (empty for a replay).
+    pub(crate) fn into_contents(self) -> MapContents {
+        match self {
+            MapReader::Live { kept, .. } => kept,
+            MapReader::Replay(contents) => contents.clone(),
+        }
+    }
+
+    /// Every entry of a hash map.
+    pub(crate) fn entries<K: Pod, V: Pod>(&mut self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
+        match self {
+            MapReader::Live { probes, kept } => {
+                let entries: Vec<(K, V)> = probes.entries(name)?;
+                kept.hashes.insert(
+                    name.to_string(),
+                    entries.iter().map(|(k, v)| (Bytes(bytes_of(k)), Bytes(bytes_of(v)))).collect(),
+                );
+                Ok(entries)
+            }
+            MapReader::Replay(contents) => contents
+                .hashes
+                .get(name)
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .map(|(k, v)| Ok((from_bytes(&k.0)?, from_bytes(&v.0)?)))
+                        .collect::<anyhow::Result<Vec<_>>>()
+                })
+                .transpose()
+                .with_context(|| format!("map {name} in the read-out"))
+                .map(Option::unwrap_or_default),
+        }
+    }
+
+    /// The stacks with these ids in the stack map `name`: id -> instruction pointers, innermost
+    /// first.
+    pub(crate) fn stacks(
+        &mut self,
+        name: &str,
+        ids: &BTreeSet<u32>,
+    ) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
+        match self {
+            MapReader::Live { probes, kept } => {
+                let stacks = probes.stacks_in(name, ids)?;
+                kept.stacks.entry(name.to_string()).or_default().extend(stacks.clone());
+                Ok(stacks)
+            }
+            MapReader::Replay(contents) => Ok(contents
+                .stacks
+                .get(name)
+                .map(|stacks| ids.iter().filter_map(|id| Some((*id, stacks.get(id)?.clone()))).collect())
+                .unwrap_or_default()),
+        }
+    }
+
+    /// Each CPU's value at `index` of the per-CPU array `name`.
+    pub(crate) fn per_cpu<V: Pod>(&mut self, name: &str, index: u32) -> anyhow::Result<Vec<V>> {
+        match self {
+            MapReader::Live { probes, kept } => {
+                let array: PerCpuArray<&MapData, V> = PerCpuArray::try_from(probes.map(name)?)?;
+                let values: Vec<V> = array.get(&index, 0)?.iter().copied().collect();
+                kept.per_cpu
+                    .entry(name.to_string())
+                    .or_default()
+                    .insert(index, values.iter().map(|v| Bytes(bytes_of(v))).collect());
+                Ok(values)
+            }
+            MapReader::Replay(contents) => contents
+                .per_cpu
+                .get(name)
+                .and_then(|array| array.get(&index))
+                .map(|values| values.iter().map(|v| from_bytes(&v.0)).collect())
+                .unwrap_or_else(|| Ok(Vec::new()))
+                .with_context(|| format!("map {name} in the read-out")),
+        }
+    }
+}
+
+fn bytes_of<T: Pod>(value: &T) -> Vec<u8> {
+    // SAFETY: `T: Pod` is plain data: every shared type is `#[repr(C)]` with explicit integer
+    // fields and no padding (`shared!` pins its size), so all its bytes are initialized.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+}
+
+fn from_bytes<T: Pod>(bytes: &[u8]) -> anyhow::Result<T> {
+    anyhow::ensure!(
+        bytes.len() == size_of::<T>(),
+        "an entry of {} bytes where {} were expected: the read-out is from another version of sysprof",
+        bytes.len(),
+        size_of::<T>()
+    );
+    // SAFETY: the length is checked; `T: Pod` is valid for any bit pattern; read_unaligned as
+    // the vector's buffer is only byte-aligned.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use sysprof_common::SampleKey;
+
+    use super::*;
+
+    #[test]
+    fn a_replayed_entry_is_the_one_that_was_kept() {
+        let key = SampleKey {
+            tgid: 7,
+            tid: 8,
+            user_stack_id: -1,
+            kernel_stack_id: 3,
+            comm: *b"busy\0\0\0\0\0\0\0\0\0\0\0\0",
+        };
+        let mut contents = MapContents::default();
+        contents.hashes.insert("M".into(), vec![(Bytes(bytes_of(&key)), Bytes(bytes_of(&42u64)))]);
+        let json = serde_json::to_string(&contents).unwrap();
+        let contents: MapContents = serde_json::from_str(&json).unwrap();
+        let entries: Vec<(SampleKey, u64)> = MapReader::replay(&contents).entries("M").unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!((entries[0].0.tgid, entries[0].0.kernel_stack_id, entries[0].1), (7, 3, 42));
+        assert!(MapReader::replay(&contents).entries::<u64, u64>("M").is_err(), "sizes are checked");
+    }
+}

@@ -1,0 +1,125 @@
+//! A saved read-out: everything the stages after collection use, as data. A live run builds
+//! one from the kernel's maps (`readout::MapReader`), its process table and what the uprobe
+//! families gathered, and analyzes it; `--save-readout` also writes it to the output directory
+//! as `readout.json`, with the symbol names the run resolved. [`crate::finish::replay`] runs a
+//! saved one through the same analysis, report and Markdown, without root and without the
+//! traced binaries: the golden tests of `tests/replay.rs` are real runs replayed.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    finish::FinishProps,
+    funcs::ProbedFunction,
+    gpu::{ProbedLibrary, nvml},
+    memory::heap::ProbedAllocator,
+    probes::{AttachedProbe, DetachReport, ProgramCost},
+    procs::ProcessRecord,
+    readout::MapContents,
+    symbolize::Symbols,
+};
+
+/// The format of `readout.json`; a replay refuses any other.
+pub const FORMAT: u32 = 1;
+
+/// The file name in the output directory.
+pub const FILE_NAME: &str = "readout.json";
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Recording {
+    pub format: u32,
+    pub props: FinishProps,
+    pub run: RunFacts,
+    /// The kernel's maps as the families read them.
+    pub maps: MapContents,
+    /// The targets' processes with their memory-map snapshots.
+    pub processes: Vec<(u32, ProcessRecord)>,
+    /// How often the processes' memory was read, when it was.
+    pub memory_interval: Option<Duration>,
+    /// What each address resolved to (empty until the analysis symbolized them).
+    pub symbols: Symbols,
+    pub calls: CallOutcome,
+    /// NVML polls and the topology, when NVML was there.
+    pub nvml: Option<(Vec<nvml::Sample>, nvml::topology::Topology)>,
+    /// The programs' run-time statistics (measured in windows), and whether the kernel kept any.
+    pub costs: Vec<ProgramCost>,
+    pub stats_available: bool,
+    pub attached: Vec<AttachedProbe>,
+    /// Probed files that changed during the trace (Part B).
+    pub files_changed: Vec<String>,
+    /// The detach proof; known once the detach finished (after the analysis of a live run).
+    pub detach: Option<DetachReport>,
+    pub limitations: Vec<String>,
+}
+
+/// When and how the trace ran.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunFacts {
+    /// Wall-clock start, RFC 3339.
+    pub started_at: String,
+    pub elapsed: Duration,
+    /// CLOCK_MONOTONIC at the end, for threads still on a CPU then.
+    pub end_ns: u64,
+    /// Why the trace ended, in words.
+    pub ended_by: String,
+    /// How `-- CMD` ended, in words, and the exit code of the run.
+    pub command_status: Option<String>,
+    pub exit_code: u8,
+    pub cpus: u32,
+    /// sysprof's own process id: its calibrations are never the target's figures.
+    pub sysprof_pid: u32,
+    pub machine_busy_share: Option<f64>,
+    /// Share of the run the kernel's BPF statistics were on.
+    pub stats_coverage: f64,
+    /// Measured cost of one probed call, when calls were probed.
+    pub probe_cost_ns: Option<f64>,
+    /// Measured cost of one allocator call under the heap probes (`--malloc`).
+    pub heap_probe_cost_ns: Option<f64>,
+    /// sysprof's own CPU seconds and peak RSS (KiB) when the report was built; None until then.
+    pub own_usage: Option<(f64, u64)>,
+}
+
+/// What the uprobe families found while the trace ran.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct CallOutcome {
+    pub gpu: Option<GpuOutcome>,
+    pub heap: Option<HeapOutcome>,
+    /// `--func` functions that were probed.
+    pub functions: Vec<ProbedFunction>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct GpuOutcome {
+    pub libraries: Vec<ProbedLibrary>,
+    pub problems: Vec<String>,
+    /// Every call event, in order (kept only when the read-out is saved): a replay rebuilds the
+    /// GPU state from them.
+    pub events: Vec<crate::readout::Bytes>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct HeapOutcome {
+    pub allocators: Vec<ProbedAllocator>,
+    pub problems: Vec<String>,
+}
+
+impl Recording {
+    pub fn to_json(&self) -> anyhow::Result<Vec<u8>> {
+        Ok(serde_json::to_vec(self)?)
+    }
+
+    pub fn from_json(bytes: &[u8]) -> anyhow::Result<Self> {
+        #[derive(Deserialize)]
+        struct Format {
+            format: u32,
+        }
+        let format: Format = serde_json::from_slice(bytes)?;
+        anyhow::ensure!(
+            format.format == FORMAT,
+            "a read-out in format {} (this sysprof reads format {FORMAT}): record it again",
+            format.format
+        );
+        Ok(serde_json::from_slice(bytes)?)
+    }
+}
