@@ -27,6 +27,7 @@ pub mod config;
 pub(crate) mod cpu;
 pub(crate) mod cpustat;
 pub mod error;
+pub(crate) mod family;
 pub(crate) mod finish;
 pub(crate) mod funcs;
 pub mod gpu;

@@ -234,6 +234,10 @@ impl Probes {
         program_name: &str,
         tracepoint: &str,
     ) -> anyhow::Result<()> {
+        // Families share some programs (the switch program parks syscalls in flight).
+        if self.attached.iter().any(|probe| probe.program == program_name) {
+            return Ok(());
+        }
         if self.btf.is_none() {
             self.btf = Some(Btf::from_sys_fs().map_err(|error| Error::MissingKernelFeature {
                 feature: "kernel BTF (/sys/kernel/btf/vmlinux)".into(),

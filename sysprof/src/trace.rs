@@ -13,6 +13,7 @@ use crate::{
     config::{Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
+    family,
     finish::{Finish, FinishProps, TraceOutcome, Window},
     funcs::FuncTracer,
     gpu::{GpuTracer, nvml},
@@ -118,7 +119,6 @@ fn check_user_paths(config: &TraceConfig) -> Result<(), Error> {
 
 /// The configuration baked into the BPF object.
 fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Config {
-    let families = config.families();
     let offsets = offsets.unwrap_or_default();
     let (cgroup_id, cgroup_level) = resolved.cgroup.unwrap_or((0, 0));
     let mut kernel = Config {
@@ -129,7 +129,8 @@ fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Optio
         task_tgid_offset: offsets.tgid,
         comm: resolved.comm,
         start_ns: monotonic_ns(),
-        sched_stats: u32::from(families.sched),
+        // Each family sets its own options below.
+        sched_stats: 0,
         syscall_burst: if config.time_every_syscall { 0 } else { SYSCALL_BURST },
         syscall_sample_every: SYSCALL_SAMPLE_EVERY,
         address_space: 0,
@@ -140,8 +141,8 @@ fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Optio
         fault_stack_every: memory::FAULT_STACK_EVERY,
         self_tgid: std::process::id(),
     };
-    if families.memory {
-        memory::configure_kernel(&mut kernel);
+    for family in family::enabled(config) {
+        family.configure(&mut kernel);
     }
     kernel
 }
@@ -234,23 +235,8 @@ async fn run(
         }
         _ => None,
     };
-    if families.cpu {
-        probes.attach_cpu_sampling(config.event, config.frequency_hz)?;
-    }
-    // The syscall programs also read the address-space calls' arguments for memory; the
-    // switch program serves scheduler statistics and parks syscalls in flight.
-    let syscall_programs = families.syscalls || families.memory;
-    if families.sched || syscall_programs {
-        probes.attach_sched_switch()?;
-    }
-    if families.sched {
-        probes.attach_sched_wakeup()?;
-    }
-    if syscall_programs {
-        probes.attach_syscalls()?;
-    }
-    if families.memory {
-        probes.attach_page_faults()?;
+    for family in family::enabled(&config) {
+        family.attach(&mut probes)?;
     }
     probes.attach_process_tracking()?;
     let events = probes.take_process_events()?;

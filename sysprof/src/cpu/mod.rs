@@ -5,6 +5,7 @@ pub mod hotspots;
 pub mod probes;
 pub mod recommend;
 
+pub(crate) use self::probes::CpuFamily;
 pub use self::{
     hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
     probes::CpuSamples,

@@ -11,6 +11,7 @@ use sysprof_common::{SampleKey, names};
 
 use crate::{
     config::SampleEvent,
+    family::Family,
     probes::{AttachedProbe, Probes, cpu_ranges, online_cpus, perf_event_error, program_mut, rejected},
     readout::MapReader,
 };
@@ -21,6 +22,18 @@ pub struct CpuSamples {
     pub counts: Vec<(SampleKey, u64)>,
     /// Stack id -> instruction pointers, innermost first.
     pub stacks: HashMap<u32, Vec<u64>>,
+}
+
+/// The on-CPU family: sampling on every CPU.
+pub(crate) struct CpuFamily {
+    pub event: SampleEvent,
+    pub frequency_hz: u64,
+}
+
+impl Family for CpuFamily {
+    fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
+        probes.attach_cpu_sampling(self.event, self.frequency_hz)
+    }
 }
 
 impl Probes {

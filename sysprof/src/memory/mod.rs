@@ -11,6 +11,7 @@ pub mod report;
 pub mod usage;
 
 pub use self::probes::MemoryDump;
+pub(crate) use self::probes::MemoryFamily;
 use syscalls::Sysno;
 use sysprof_common::Config;
 

@@ -8,10 +8,11 @@ use aya::programs::{
     perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
 };
 use sysprof_common::{
-    AddressSpace, AllocKey, AllocStats, FaultKey, LiveAlloc, LiveKey, ProcessAllocs, names,
+    AddressSpace, AllocKey, AllocStats, Config, FaultKey, LiveAlloc, LiveKey, ProcessAllocs, names,
 };
 
 use crate::{
+    family::Family,
     probes::{AttachedProbe, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected},
     readout::MapReader,
 };
@@ -30,6 +31,22 @@ pub struct MemoryDump {
     pub live: Vec<(LiveKey, LiveAlloc)>,
     /// Stack id -> instruction pointers, innermost first.
     pub stacks: HashMap<u32, Vec<u64>>,
+}
+
+/// The memory family's kernel side: page faults, and the address-space syscalls' sizes (read
+/// by the syscall programs, which park calls in flight through the switch program).
+pub(crate) struct MemoryFamily;
+
+impl Family for MemoryFamily {
+    fn configure(&self, kernel: &mut Config) {
+        super::configure_kernel(kernel);
+    }
+
+    fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
+        probes.attach_sched_switch()?;
+        probes.attach_syscalls()?;
+        probes.attach_page_faults()
+    }
 }
 
 impl Probes {

@@ -9,6 +9,7 @@ use std::{collections::HashMap, time::Duration};
 use serde::Serialize;
 use sysprof_common::{TASK_REPORT_MAX, ThreadSched};
 
+pub(crate) use self::probes::SchedFamily;
 pub use self::{probes::SchedDump, recommend::sched_recommendations};
 use crate::{
     latency::{self, Percentiles},

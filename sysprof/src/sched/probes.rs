@@ -3,9 +3,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use sysprof_common::{LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSched, names};
+use sysprof_common::{Config, LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSched, names};
 
-use crate::{probes::Probes, readout::MapReader};
+use crate::{family::Family, probes::Probes, readout::MapReader};
 
 /// Scheduler statistics as the kernel aggregated them, with the off-CPU stacks.
 #[derive(Debug, Default)]
@@ -15,6 +15,21 @@ pub struct SchedDump {
     pub offcpu: Vec<(OffCpuKey, OffCpuValue)>,
     /// Stack id -> instruction pointers, innermost first.
     pub stacks: HashMap<u32, Vec<u64>>,
+}
+
+/// The scheduler family: context switches (statistics, off-CPU stacks) and wakeups (run-queue
+/// latency).
+pub(crate) struct SchedFamily;
+
+impl Family for SchedFamily {
+    fn configure(&self, kernel: &mut Config) {
+        kernel.sched_stats = 1;
+    }
+
+    fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
+        probes.attach_sched_switch()?;
+        probes.attach_sched_wakeup()
+    }
 }
 
 impl Probes {

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use sysprof_common::{SyscallKey, SyscallStats};
 
+pub(crate) use self::probes::SyscallFamily;
 pub use self::{probes::SyscallDump, recommend::syscall_recommendations};
 use crate::{
     latency::{self, Percentiles},

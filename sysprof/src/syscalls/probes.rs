@@ -3,7 +3,7 @@
 
 use sysprof_common::{SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
 
-use crate::{probes::Probes, readout::MapReader};
+use crate::{family::Family, probes::Probes, readout::MapReader};
 
 /// Syscall statistics as the kernel aggregated them.
 #[derive(Debug, Default)]
@@ -12,6 +12,17 @@ pub struct SyscallDump {
     pub errors: Vec<(SyscallErrorKey, u64)>,
     /// Calls still counted in the per-CPU caches, not yet in `stats`.
     pub pending: Vec<(SyscallKey, u64)>,
+}
+
+/// The syscall family: exact counts, errors and latency.
+pub(crate) struct SyscallFamily;
+
+impl Family for SyscallFamily {
+    fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
+        // The switch program parks a syscall in flight when its thread leaves the CPU.
+        probes.attach_sched_switch()?;
+        probes.attach_syscalls()
+    }
 }
 
 impl Probes {
