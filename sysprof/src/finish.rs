@@ -199,7 +199,7 @@ impl Finish {
         } = self;
         // Read everything, then start detaching: the probes go before the slow stages
         // (symbolization), and the detach is verified before the report is written.
-        let mut maps = MapReader::live(&probes);
+        let mut maps = MapReader::live(&probes, props.save_readout);
         let kernel = KernelData::read(&mut maps, &props, calls.gpu.as_ref().map(|gpu| &gpu.state))?;
         let maps = maps.into_contents();
         let costs = probes.costs();
@@ -313,11 +313,8 @@ pub fn replay(readout: &[u8]) -> anyhow::Result<(Report, Vec<Rendered>)> {
     let mut processes =
         ProcessTable::from_records(recording.processes.iter().cloned(), recording.memory_interval);
     let mut symbolizer = Symbolizer::replay(recording.symbols.clone());
-    let Analyzed { mut report, files, .. } =
+    let Analyzed { report, files, .. } =
         analyze(&recording, kernel, &mut processes, gpu_state.as_ref(), &mut symbolizer)?;
-    if let Some(detach) = &recording.detach {
-        report.instrumentation.detach = detach.clone();
-    }
     Ok((report, files))
 }
 
@@ -463,7 +460,11 @@ fn analyze(
         instrumentation: Instrumentation {
             files_modified: recording.files_changed.clone(),
             probes: recording.attached.clone(),
-            detach: DetachReport { programs: recording.attached.len(), still_loaded: Vec::new() },
+            // A live run's proof comes after the analysis (see Finish::run).
+            detach: recording
+                .detach
+                .clone()
+                .unwrap_or(DetachReport { programs: 0, still_loaded: Vec::new() }),
         },
     };
     Ok(Analyzed { report, files, cpu_samples: profiles.cpu.total() })

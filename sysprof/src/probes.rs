@@ -14,14 +14,14 @@ use std::{
 use anyhow::{Context as _, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader, Pod,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, RingBuf, StackTraceMap},
     programs::{
         BtfTracePoint, ProgramError, RawTracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
 use serde::{Deserialize, Serialize};
-use sysprof_common::{CallKey, CallStats, Config, Counter, names};
+use sysprof_common::{Config, Counter, names};
 
 use crate::{error::Error, privileges};
 
@@ -368,11 +368,6 @@ impl Probes {
         Ok(RingBuf::try_from(map)?)
     }
 
-    /// Reads the probed calls' counts and latencies.
-    pub fn calls(&self) -> anyhow::Result<Vec<(CallKey, CallStats)>> {
-        self.entries(names::CALLS)
-    }
-
     /// The ring buffer of process events, for the collector to own.
     pub fn take_process_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
         let map = self
@@ -382,25 +377,15 @@ impl Probes {
         Ok(RingBuf::try_from(map)?)
     }
 
-    /// The in-kernel counters, summed over CPUs.
+    /// The in-kernel counters, summed over CPUs (the status line's; nothing is kept).
     pub fn counters(&self) -> anyhow::Result<Counters> {
-        let array: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(names::COUNTERS)?)?;
-        let mut counters = Counters::default();
-        for (slot, total) in counters.0.iter_mut().enumerate() {
-            *total = array.get(&(slot as u32), 0)?.iter().sum();
-        }
-        Ok(counters)
+        Counters::read(&mut crate::readout::MapReader::live(self, false))
     }
 
     /// Every entry of a hash map.
     pub(crate) fn entries<K: Pod, V: Pod>(&self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
         let map: BpfHashMap<&MapData, K, V> = BpfHashMap::try_from(self.map(name)?)?;
         map.iter().collect::<Result<_, _>>().with_context(|| format!("reading map {name}"))
-    }
-
-    /// The stacks with these ids in `STACKS`: stack id -> instruction pointers, innermost first.
-    pub fn stacks(&self, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
-        self.stacks_in(names::STACKS, ids)
     }
 
     /// The stacks with these ids in the stack map `name`.

@@ -44,26 +44,29 @@ impl Bytes {
     }
 }
 
-/// Reads the maps: from the kernel (keeping every answer), or from a saved read-out.
+/// Reads the maps: from the kernel (keeping every answer when asked), or from a saved
+/// read-out.
 pub(crate) enum MapReader<'a> {
-    Live { probes: &'a Probes, kept: MapContents },
+    Live { probes: &'a Probes, kept: Option<MapContents> },
     Replay(&'a MapContents),
 }
 
 impl<'a> MapReader<'a> {
-    pub(crate) fn live(probes: &'a Probes) -> Self {
-        MapReader::Live { probes, kept: MapContents::default() }
+    /// Reads from the kernel; `keep`: also keeps the bytes of every answer, for a read-out
+    /// that is saved (a copy of every map otherwise not worth its memory).
+    pub(crate) fn live(probes: &'a Probes, keep: bool) -> Self {
+        MapReader::Live { probes, kept: keep.then(MapContents::default) }
     }
 
     pub(crate) fn replay(contents: &'a MapContents) -> Self {
         MapReader::Replay(contents)
     }
 
-    /// What the live reader kept (empty for a replay).
+    /// What the live reader kept (empty when it kept nothing, and for a replay).
     pub(crate) fn into_contents(self) -> MapContents {
         match self {
-            MapReader::Live { kept, .. } => kept,
-            MapReader::Replay(contents) => contents.clone(),
+            MapReader::Live { kept, .. } => kept.unwrap_or_default(),
+            MapReader::Replay(_) => MapContents::default(),
         }
     }
 
@@ -72,10 +75,12 @@ impl<'a> MapReader<'a> {
         match self {
             MapReader::Live { probes, kept } => {
                 let entries: Vec<(K, V)> = probes.entries(name)?;
-                kept.hashes.insert(
-                    name.to_string(),
-                    entries.iter().map(|(k, v)| (Bytes(bytes_of(k)), Bytes(bytes_of(v)))).collect(),
-                );
+                if let Some(kept) = kept {
+                    kept.hashes.insert(
+                        name.to_string(),
+                        entries.iter().map(|(k, v)| (Bytes::of(k), Bytes::of(v))).collect(),
+                    );
+                }
                 Ok(entries)
             }
             MapReader::Replay(contents) => contents
@@ -84,7 +89,7 @@ impl<'a> MapReader<'a> {
                 .map(|entries| {
                     entries
                         .iter()
-                        .map(|(k, v)| Ok((from_bytes(&k.0)?, from_bytes(&v.0)?)))
+                        .map(|(k, v)| Ok((k.decode()?, v.decode()?)))
                         .collect::<anyhow::Result<Vec<_>>>()
                 })
                 .transpose()
@@ -103,7 +108,9 @@ impl<'a> MapReader<'a> {
         match self {
             MapReader::Live { probes, kept } => {
                 let stacks = probes.stacks_in(name, ids)?;
-                kept.stacks.entry(name.to_string()).or_default().extend(stacks.clone());
+                if let Some(kept) = kept {
+                    kept.stacks.entry(name.to_string()).or_default().extend(stacks.clone());
+                }
                 Ok(stacks)
             }
             MapReader::Replay(contents) => Ok(contents
@@ -120,17 +127,19 @@ impl<'a> MapReader<'a> {
             MapReader::Live { probes, kept } => {
                 let array: PerCpuArray<&MapData, V> = PerCpuArray::try_from(probes.map(name)?)?;
                 let values: Vec<V> = array.get(&index, 0)?.iter().copied().collect();
-                kept.per_cpu
-                    .entry(name.to_string())
-                    .or_default()
-                    .insert(index, values.iter().map(|v| Bytes(bytes_of(v))).collect());
+                if let Some(kept) = kept {
+                    kept.per_cpu
+                        .entry(name.to_string())
+                        .or_default()
+                        .insert(index, values.iter().map(Bytes::of).collect());
+                }
                 Ok(values)
             }
             MapReader::Replay(contents) => contents
                 .per_cpu
                 .get(name)
                 .and_then(|array| array.get(&index))
-                .map(|values| values.iter().map(|v| from_bytes(&v.0)).collect())
+                .map(|values| values.iter().map(Bytes::decode).collect())
                 .unwrap_or_else(|| Ok(Vec::new()))
                 .with_context(|| format!("map {name} in the read-out")),
         }
@@ -171,7 +180,7 @@ mod tests {
             comm: *b"busy\0\0\0\0\0\0\0\0\0\0\0\0",
         };
         let mut contents = MapContents::default();
-        contents.hashes.insert("M".into(), vec![(Bytes(bytes_of(&key)), Bytes(bytes_of(&42u64)))]);
+        contents.hashes.insert("M".into(), vec![(Bytes::of(&key), Bytes::of(&42u64))]);
         let json = serde_json::to_string(&contents).unwrap();
         let contents: MapContents = serde_json::from_str(&json).unwrap();
         let entries: Vec<(SampleKey, u64)> = MapReader::replay(&contents).entries("M").unwrap();

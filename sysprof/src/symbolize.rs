@@ -123,33 +123,16 @@ impl Symbolizer {
     /// User addresses of process `pid` to frames, through its mapping snapshot.
     pub fn user(&mut self, pid: u32, maps: Option<&ProcessMaps>, addrs: &[u64]) -> HashMap<u64, Frames> {
         let known = self.known.user.entry(pid).or_default();
-        let (mut result, missing): (HashMap<u64, Frames>, Vec<u64>) = {
-            let mut result = HashMap::with_capacity(addrs.len());
-            let mut missing = Vec::new();
-            for &addr in addrs {
-                match known.get(&addr) {
-                    Some(frames) => {
-                        result.insert(addr, frames.clone());
-                    }
-                    None => missing.push(addr),
-                }
-            }
-            (result, missing)
-        };
-        if self.blazesym.is_none() {
-            for addr in missing {
-                let module = maps.and_then(|maps| maps.find(addr)).map(Mapping::module_name);
-                result.insert(addr, vec![Frame::unknown(module.as_deref().unwrap_or("[unknown]"), addr)]);
-            }
-            return result;
+        let missing: Vec<u64> = addrs.iter().copied().filter(|a| !known.contains_key(a)).collect();
+        if !missing.is_empty() {
+            let fresh = match self.blazesym {
+                Some(_) => self.resolve_user(pid, maps, &missing),
+                None => missing.iter().map(|&addr| (addr, vec![Frame::unknown("[unknown]", addr)])).collect(),
+            };
+            self.known.user.entry(pid).or_default().extend(fresh);
         }
-        let fresh = self.resolve_user(pid, maps, &missing);
-        let known = self.known.user.entry(pid).or_default();
-        for (addr, frames) in fresh {
-            known.insert(addr, frames.clone());
-            result.insert(addr, frames);
-        }
-        result
+        let known = &self.known.user[&pid];
+        addrs.iter().map(|addr| (*addr, known[addr].clone())).collect()
     }
 
     fn resolve_user(&mut self, pid: u32, maps: Option<&ProcessMaps>, addrs: &[u64]) -> HashMap<u64, Frames> {

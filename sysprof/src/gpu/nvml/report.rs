@@ -160,6 +160,12 @@ pub fn build(
                 .max()
                 .unwrap_or(0),
         });
+        let mut link_row = |label: &str, rates: &[f64], peak_gb_s: Option<f64>| {
+            if let Some(mean_gb_s) = mean(rates) {
+                let max_gb_s = rates.iter().copied().fold(0.0, f64::max);
+                links.push(LinkRow { device, link: label.into(), mean_gb_s, max_gb_s, peak_gb_s });
+            }
+        };
         let pcie_peak = info.and_then(|d| d.pcie_peak_gb_s);
         for (label, f) in [
             ("PCIe TX", (|s: &Sample| s.pcie_tx_kb_s) as fn(&Sample) -> Option<u32>),
@@ -167,15 +173,7 @@ pub fn build(
         ] {
             let rates: Vec<f64> =
                 polls.iter().filter_map(|s| f(s)).map(|kb| f64::from(kb) * 1024.0 / 1e9).collect();
-            if let Some(mean_gb_s) = mean(&rates) {
-                links.push(LinkRow {
-                    device,
-                    link: label.into(),
-                    mean_gb_s,
-                    max_gb_s: rates.iter().copied().fold(0.0, f64::max),
-                    peak_gb_s: pcie_peak,
-                });
-            }
+            link_row(label, &rates, pcie_peak);
         }
         let nvlink_peak = info.map(|d| d.nvlink_peak_gb_s).filter(|p| *p > 0.0);
         for (label, f) in [
@@ -191,15 +189,7 @@ pub fn build(
                     w[1].1.saturating_sub(w[0].1) as f64 * 1024.0 / ((w[1].0 - w[0].0) as f64 / 1000.0) / 1e9
                 })
                 .collect();
-            if let Some(mean_gb_s) = mean(&rates) {
-                links.push(LinkRow {
-                    device,
-                    link: label.into(),
-                    mean_gb_s,
-                    max_gb_s: rates.iter().copied().fold(0.0, f64::max),
-                    peak_gb_s: nvlink_peak,
-                });
-            }
+            link_row(label, &rates, nvlink_peak);
         }
     }
     GpuMetricsReport {
