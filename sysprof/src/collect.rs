@@ -5,7 +5,7 @@
 use std::{
     process::ExitStatus,
     sync::{Arc, Mutex, OnceLock},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use aya::maps::{MapData, RingBuf};
@@ -20,10 +20,11 @@ use tokio::{
 use crate::{
     funcs::FuncTracer,
     gpu::{GpuTracer, state::GpuState},
-    launch::CommandWatch,
+    launch::{CommandEnd, CommandWatch},
     memory::heap::HeapTracer,
     probes::Probes,
     procs::ProcessTable,
+    readout::Counters,
     recording::{CallOutcome, GpuOutcome, HeapOutcome},
     report::format::thousands,
     selfcost::StatsWindows,
@@ -248,10 +249,24 @@ const TICK: Duration = Duration::from_millis(20);
 /// How often the status line is redrawn and the targets' liveness checked.
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
+/// When and how the trace ran, as the collect stage ends it.
+pub(crate) struct TraceEnd {
+    pub started_at: SystemTime,
+    pub elapsed: Duration,
+    /// CLOCK_MONOTONIC at the end, for threads still on a CPU then.
+    pub end_ns: u64,
+    pub ended_by: EndReason,
+    /// How `-- CMD` ended, when there is one.
+    pub command: Option<CommandEnd>,
+    pub machine_busy_share: Option<f64>,
+    /// Share of the run the kernel's BPF statistics were on.
+    pub stats_coverage: f64,
+}
+
 /// The uprobe side of the trace: GPU libraries, `--func` functions and the allocator
 /// (`--malloc`), attached as the target maps them, and the events of the calls that carry
 /// arguments.
-pub struct CallTracing {
+pub struct UprobeTracers {
     pub gpu: Option<GpuTracer>,
     pub funcs: FuncTracer,
     pub heap: Option<HeapTracer>,
@@ -260,7 +275,7 @@ pub struct CallTracing {
     pub seen_maps: u64,
 }
 
-impl CallTracing {
+impl UprobeTracers {
     /// Attaches to libraries and binaries the target mapped since the last look (dlopen,
     /// exec of a new program).
     pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable) {
@@ -322,7 +337,7 @@ pub struct Collected {
 pub async fn collect(
     probes: &mut Probes,
     events: RingBuf<MapData>,
-    calls: &mut CallTracing,
+    calls: &mut UprobeTracers,
     processes: &mut ProcessTable,
     mut plan: StopPlan,
     stop: &Stop,
@@ -404,7 +419,7 @@ pub async fn collect(
                             stop.launched(running);
                         }
                     }
-                    if let Ok(counters) = probes.counters() {
+                    if let Ok(counters) = Counters::now(probes) {
                         let lost = Counter::ALL
                             .iter()
                             .filter(|c| **c != Counter::CpuSamples)
@@ -436,7 +451,7 @@ fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) {
     }
 }
 
-fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut CallTracing) {
+fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) {
     while let Some(item) = ring.next() {
         if item.len() >= size_of::<CallEvent>() {
             // SAFETY: as in drain_events, for a CallEvent.

@@ -1,44 +1,103 @@
-//! The probe families as the pipeline sees them: each one that runs sets its part of the
-//! kernel's configuration and attaches its programs through one interface, called in turn in
-//! the order of [`enabled`], the one list of families. Their maps are read through
-//! `readout::MapReader` (each dump's `read`), so that a saved read-out replays.
+//! The probe families as the pipeline sees them: one interface that every family implements and
+//! the pipeline calls for each in turn, in the order of the one list (`families.rs`):
+//! configure -> attach before the trace, read -> analyze after it. A family keeps what it read
+//! until it analyzes it, and its analysis adds its section, recommendations, stack profiles
+//! and limitations to one [`Analysis`], which also holds what every family may read: the run's
+//! facts, the process table, the symbolizer, the probed calls and the sections of the families
+//! analyzed before it.
 //!
-//! Still by hand for now: what a family reads and how its figures reach the report
-//! (`finish.rs`, `report::Report`, `output/markdown/`), and the uprobe families' work during
-//! collection (`collect::CallTracing`).
+//! Still by hand: the uprobe families' work during collection (attaching to libraries as the
+//! target maps them, draining call events), in `collect::UprobeTracers`.
 
-use sysprof_common::Config;
+use sysprof_common::{CallKey, CallStats, Config};
 
 use crate::{
-    config::TraceConfig, cpu::CpuFamily, memory::MemoryFamily, probes::Probes, sched::SchedFamily,
-    syscalls::SyscallFamily,
+    callsites::CallNames,
+    gpu::{nvml, state::GpuState},
+    probes::Probes,
+    procs::ProcessTable,
+    profile::StackProfile,
+    readout::MapReader,
+    recording::{CallOutcome, ReportProps, RunFacts},
+    report::{Recommendation, Section, Sections},
+    symbolize::Symbolizer,
 };
 
-/// One probe family's kernel side.
+/// One probe family, from its kernel configuration to its section of the report.
 pub(crate) trait Family {
+    /// Its name, as other families name it in [`Family::analyzed_after`].
+    fn name(&self) -> &'static str;
+
     /// Its part of the kernel's configuration, before the object is loaded.
     fn configure(&self, _kernel: &mut Config) {}
 
     /// Attaches its programs (a program another family attached already is not attached
-    /// again).
-    fn attach(&self, probes: &mut Probes) -> anyhow::Result<()>;
+    /// again). The uprobe families attach during collection instead.
+    fn attach(&self, _probes: &mut Probes) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Reads its maps once the trace ended (the same reads live and replayed) and keeps them
+    /// for [`Family::analyze`].
+    fn read(&mut self, _maps: &mut MapReader<'_>) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// The processes its read-out names: the process table looks them up before its snapshot,
+    /// so that the analysis (which reads nothing from /proc) knows them all.
+    fn processes(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
+    /// The families whose sections its analysis reads: they are analyzed first.
+    fn analyzed_after(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Analyzes what it read into its section of the report (None when it has none), adding
+    /// its recommendations, stack profiles and limitations to `cx`.
+    fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>>;
 }
 
-/// The families this run traces, in the order they configure and attach.
-pub(crate) fn enabled(config: &TraceConfig) -> Vec<Box<dyn Family>> {
-    let on = config.families();
-    let mut families: Vec<Box<dyn Family>> = Vec::new();
-    if on.cpu {
-        families.push(Box::new(CpuFamily { event: config.event, frequency_hz: config.frequency_hz }));
+/// What a family's analysis reads, and what it adds to.
+pub(crate) struct Analysis<'a> {
+    pub props: &'a ReportProps,
+    pub run: &'a RunFacts,
+    /// What the uprobe families found while the trace ran.
+    pub outcome: &'a CallOutcome,
+    /// NVML polls and the topology, when NVML was there.
+    pub nvml: Option<&'a (Vec<nvml::Sample>, nvml::topology::Topology)>,
+    pub processes: &'a mut ProcessTable,
+    pub symbolizer: &'a mut Symbolizer,
+    /// Probed calls (GPU APIs, `--func`), and their call sites and launched kernels by name.
+    pub calls: &'a [(CallKey, CallStats)],
+    pub names: &'a CallNames,
+    /// The GPU calls' state (transfers, allocations), when the GPU family ran.
+    pub gpu_state: Option<&'a GpuState>,
+    /// The sections of the families analyzed so far.
+    pub sections: Sections,
+    pub recommendations: Vec<Recommendation>,
+    /// Stack profiles to write as folded stacks and a flamegraph, in report order.
+    pub profiles: Vec<StackFile>,
+    pub limitations: Vec<String>,
+}
+
+/// A stack profile and the files it becomes (`name`.folded, `name`.svg).
+pub(crate) struct StackFile {
+    pub name: &'static str,
+    pub title: String,
+    pub profile: StackProfile,
+}
+
+impl Analysis<'_> {
+    /// The trace's wall time in seconds.
+    pub fn wall_s(&self) -> f64 {
+        self.run.elapsed.as_secs_f64()
     }
-    if on.sched {
-        families.push(Box::new(SchedFamily));
+
+    /// Adds a profile under `name`, titled "sysprof `what`: the target".
+    pub fn add_profile(&mut self, name: &'static str, what: &str, profile: StackProfile) {
+        let title = format!("sysprof {what}: {}", self.props.target);
+        self.profiles.push(StackFile { name, title, profile });
     }
-    if on.syscalls {
-        families.push(Box::new(SyscallFamily));
-    }
-    if on.memory {
-        families.push(Box::new(MemoryFamily));
-    }
-    families
 }

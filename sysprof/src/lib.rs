@@ -5,30 +5,33 @@
 //!
 //! 1. preflight: [`privileges`], [`target`] (the target exists), [`output`] (the directory is
 //!    writable), [`btf`] (kernel layouts the programs need);
-//! 2. load/attach: [`probes`] (the embedded BPF object, the generic loader), each family's
-//!    `probes` module ([`cpu`], [`sched`], [`syscalls`], [`memory`], [`gpu`], [`funcs`]: its
-//!    attach and read-out), [`launch`] (`-- CMD` held at a gate);
+//! 2. load/attach: [`probes`] (the embedded BPF object, the generic loader), then every family
+//!    in the one list ([`families`]) through one interface ([`family::Family`]): [`cpu`],
+//!    [`sched`], [`syscalls`], [`memory`], [`gpu`], [`funcs`], each a folder;
+//!    [`launch`] (`-- CMD` held at a gate);
 //! 3. collect: [`collect`] (events, status line, the end of the trace), [`procs`] and
 //!    [`procmaps`] (memory maps kept for symbolization);
-//! 4. aggregate: [`finish`] (read out, detach), [`profile`] (stacks), each family's analysis
-//!    and recommendations, [`latency`] (histograms);
-//! 5. symbolize: [`symbolize`];
+//! 4. read out and detach: [`results`], [`readout`] (every map read, live or replayed),
+//!    [`recording`] (what the analysis reads);
+//! 5. analyze: [`analysis`] (each family's analysis into its report section, in turn),
+//!    [`profile`] (stacks), [`symbolize`], [`latency`] (histograms);
 //! 6. write: [`report`] (the model) and [`output`] (folded, SVG, Markdown, JSON).
 //!
-//! [`trace::trace`] runs stages 1 to 3 and hands over to [`finish`]; the CLI ([`cli`]) only
+//! [`trace::trace`] runs stages 1 to 3 and hands over to [`results`]; the CLI ([`cli`]) only
 //! builds a [`config::TraceConfig`].
 
+pub(crate) mod analysis;
 pub(crate) mod btf;
 pub(crate) mod callsites;
 pub mod check;
 pub mod cli;
 pub(crate) mod collect;
 pub mod config;
-pub(crate) mod cpu;
+pub mod cpu;
 pub(crate) mod cpustat;
 pub mod error;
+pub(crate) mod families;
 pub(crate) mod family;
-pub(crate) mod finish;
 pub(crate) mod funcs;
 pub mod gpu;
 pub mod latency;
@@ -43,6 +46,7 @@ pub(crate) mod profile;
 pub(crate) mod readout;
 pub(crate) mod recording;
 pub mod report;
+pub(crate) mod results;
 pub mod sched;
 pub(crate) mod selfcost;
 pub(crate) mod symbolize;
@@ -52,5 +56,6 @@ pub mod terminal;
 pub mod trace;
 pub(crate) mod uprobes;
 
-pub use finish::{TraceOutcome, replay};
+pub use analysis::replay;
+pub use results::TraceOutcome;
 pub use trace::trace;

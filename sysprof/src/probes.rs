@@ -21,7 +21,7 @@ use aya::{
     },
 };
 use serde::{Deserialize, Serialize};
-use sysprof_common::{Config, Counter, names};
+use sysprof_common::{Config, names};
 
 use crate::{error::Error, privileges};
 
@@ -58,25 +58,6 @@ pub struct DetachReport {
     pub programs: usize,
     /// Kernel ids of those still loaded after detach (empty when everything is gone).
     pub still_loaded: Vec<u32>,
-}
-
-/// In-kernel counters, summed over CPUs.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Counters([u64; Counter::SLOTS as usize]);
-
-impl Counters {
-    pub fn get(&self, counter: Counter) -> u64 {
-        self.0[counter as usize]
-    }
-
-    /// The counters of the read-out (see `readout.rs`).
-    pub(crate) fn read(maps: &mut crate::readout::MapReader<'_>) -> anyhow::Result<Self> {
-        let mut counters = Counters::default();
-        for (slot, total) in counters.0.iter_mut().enumerate() {
-            *total = maps.per_cpu::<u64>(names::COUNTERS, slot as u32)?.iter().sum();
-        }
-        Ok(counters)
-    }
 }
 
 /// How big the maps that depend on the run's options are.
@@ -375,11 +356,6 @@ impl Probes {
             .take_map(names::PROCESS_EVENTS)
             .with_context(|| format!("map {} missing from the BPF object", names::PROCESS_EVENTS))?;
         Ok(RingBuf::try_from(map)?)
-    }
-
-    /// The in-kernel counters, summed over CPUs (the status line's; nothing is kept).
-    pub fn counters(&self) -> anyhow::Result<Counters> {
-        Counters::read(&mut crate::readout::MapReader::live(self, false))
     }
 
     /// Every entry of a hash map.

@@ -12,6 +12,8 @@ use aya::{
 };
 use serde::{Deserialize, Serialize};
 
+use sysprof_common::{Counter, names};
+
 use crate::probes::Probes;
 
 /// The contents of the maps as they were read: the bytes of each key and value, so the record
@@ -162,6 +164,30 @@ fn from_bytes<T: Pod>(bytes: &[u8]) -> anyhow::Result<T> {
     // SAFETY: the length is checked; `T: Pod` is valid for any bit pattern; read_unaligned as
     // the vector's buffer is only byte-aligned.
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// In-kernel counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters([u64; Counter::SLOTS as usize]);
+
+impl Counters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+
+    /// The counters, live or replayed.
+    pub(crate) fn read(maps: &mut MapReader<'_>) -> anyhow::Result<Self> {
+        let mut counters = Counters::default();
+        for (slot, total) in counters.0.iter_mut().enumerate() {
+            *total = maps.per_cpu::<u64>(names::COUNTERS, slot as u32)?.iter().sum();
+        }
+        Ok(counters)
+    }
+
+    /// The kernel's counters now (the status line's; nothing is kept).
+    pub(crate) fn now(probes: &Probes) -> anyhow::Result<Self> {
+        Counters::read(&mut MapReader::live(probes, false))
+    }
 }
 
 #[cfg(test)]

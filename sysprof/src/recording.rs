@@ -1,7 +1,7 @@
 //! A saved read-out: everything the stages after collection use, as data. A live run builds
 //! one from the kernel's maps (`readout::MapReader`), its process table and what the uprobe
 //! families gathered, and analyzes it; `--save-readout` also writes it to the output directory
-//! as `readout.json`, with the symbol names the run resolved. [`crate::finish::replay`] runs a
+//! as `readout.json`, with the symbol names the run resolved. [`crate::analysis::replay`] runs a
 //! saved one through the same analysis, report and Markdown, without root and without the
 //! traced binaries: the golden tests of `tests/replay.rs` are real runs replayed.
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    finish::FinishProps,
+    config::{Families, SampleEvent, Target, TraceConfig},
     funcs::ProbedFunction,
     gpu::{ProbedLibrary, nvml},
     memory::heap::ProbedAllocator,
@@ -29,7 +29,7 @@ pub const FILE_NAME: &str = "readout.json";
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Recording {
     pub format: u32,
-    pub props: FinishProps,
+    pub props: ReportProps,
     pub run: RunFacts,
     /// The kernel's maps as the families read them.
     pub maps: MapContents,
@@ -51,6 +51,47 @@ pub struct Recording {
     /// The detach proof; known once the detach finished (after the analysis of a live run).
     pub detach: Option<DetachReport>,
     pub limitations: Vec<String>,
+}
+
+/// What the stages after collection (read-out, analysis, write) need of the configuration,
+/// decided once by the pipeline: the finish stage never asks the configuration again.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ReportProps {
+    /// The target, as the report names it.
+    pub target: String,
+    /// `-- CMD`'s arguments.
+    pub command: Option<Vec<String>>,
+    pub event: SampleEvent,
+    pub frequency_hz: u64,
+    pub gpu_interval_ms: u64,
+    pub quiet: bool,
+    pub families: Families,
+    /// Whether calls were probed (GPU libraries or `--func`): the call map is read.
+    pub calls_probed: bool,
+    /// Whether `readout.json` is written beside the report.
+    pub save_readout: bool,
+}
+
+impl ReportProps {
+    pub(crate) fn of(config: &TraceConfig) -> Self {
+        let families = config.families();
+        ReportProps {
+            target: config.target.to_string(),
+            command: match &config.target {
+                Target::Command(argv) => {
+                    Some(argv.iter().map(|a| a.to_string_lossy().into_owned()).collect())
+                }
+                _ => None,
+            },
+            event: config.event,
+            frequency_hz: config.frequency_hz,
+            gpu_interval_ms: config.gpu_interval.as_millis() as u64,
+            quiet: config.quiet,
+            families,
+            calls_probed: families.gpu || !config.functions.is_empty(),
+            save_readout: config.save_readout,
+        }
+    }
 }
 
 /// When and how the trace ran.

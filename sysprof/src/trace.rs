@@ -9,12 +9,11 @@ use sysprof_common::{Config, capacity, filter};
 
 use crate::{
     btf::{self, TaskOffsets},
-    collect::{self, CallTracing, EndReason, StatusLine, Stop, StopPlan},
+    collect::{self, EndReason, StatusLine, Stop, StopPlan, TraceEnd, UprobeTracers},
     config::{Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
-    family,
-    finish::{Finish, FinishProps, TraceOutcome, Window},
+    families,
     funcs::FuncTracer,
     gpu::{GpuTracer, nvml},
     launch::GatedChild,
@@ -23,6 +22,8 @@ use crate::{
     privileges,
     probes::{MapSizes, Probes},
     procs::{self, ProcessTable},
+    recording::ReportProps,
+    results::{Results, TraceOutcome},
     target::{self, ResolvedTarget},
     terminal::say,
     uprobes::calibrate,
@@ -85,8 +86,10 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
             None
         }
     };
-    let bpf_config = kernel_config(&config, &resolved, offsets);
-    run(config, resolved, bpf_config, output, limitations, stop).await
+    // What the later stages need of the configuration, decided once.
+    let props = ReportProps::of(&config);
+    let bpf_config = kernel_config(&config, &props, &resolved, offsets);
+    run(config, props, resolved, bpf_config, output, limitations, stop).await
 }
 
 /// Bytes of kernel memory one entry of the stack map takes: 127 frames (the kernel's default
@@ -118,7 +121,12 @@ fn check_user_paths(config: &TraceConfig) -> Result<(), Error> {
 }
 
 /// The configuration baked into the BPF object.
-fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Option<TaskOffsets>) -> Config {
+fn kernel_config(
+    config: &TraceConfig,
+    props: &ReportProps,
+    resolved: &ResolvedTarget,
+    offsets: Option<TaskOffsets>,
+) -> Config {
     let offsets = offsets.unwrap_or_default();
     let (cgroup_id, cgroup_level) = resolved.cgroup.unwrap_or((0, 0));
     let mut kernel = Config {
@@ -141,7 +149,7 @@ fn kernel_config(config: &TraceConfig, resolved: &ResolvedTarget, offsets: Optio
         fault_stack_every: memory::FAULT_STACK_EVERY,
         self_tgid: std::process::id(),
     };
-    for family in family::enabled(config) {
+    for family in families::enabled(props) {
         family.configure(&mut kernel);
     }
     kernel
@@ -156,6 +164,7 @@ fn monotonic_ns() -> u64 {
 
 async fn run(
     config: TraceConfig,
+    props: ReportProps,
     mut resolved: ResolvedTarget,
     bpf_config: Config,
     output: OutputDir,
@@ -166,13 +175,13 @@ async fn run(
 
     // The targets' memory maps first, before anything is attached: a target that exits while
     // the probes attach (a second, on a loaded machine) is still symbolized from them.
-    let families = config.families();
-    let heap = families.heap;
+    let on = props.families;
+    let heap = on.heap;
     let mut processes = ProcessTable::new();
-    if families.gpu || !config.functions.is_empty() || heap {
+    if on.gpu || !config.functions.is_empty() || heap {
         processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
     }
-    if families.memory {
+    if on.memory {
         processes.sample_memory_every(config.memory_interval);
     }
     for &pid in &resolved.pids {
@@ -185,16 +194,14 @@ async fn run(
         live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
     };
     let mut probes = Probes::load(&bpf_config, sizes)?;
-    let mut calls = CallTracing {
-        gpu: families
-            .gpu
-            .then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
+    let mut tracers = UprobeTracers {
+        gpu: on.gpu.then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
         funcs: FuncTracer::new(config.functions.clone()),
         heap: heap.then(|| HeapTracer::new(resolved.filter == filter::ALL)),
         events: None,
         seen_maps: 0,
     };
-    if let Some(gpu) = calls.gpu.as_mut().filter(|_| config.save_readout) {
+    if let Some(gpu) = tracers.gpu.as_mut().filter(|_| config.save_readout) {
         gpu.kept_events = Some(Vec::new());
     }
     let mut limitation = |line: String| {
@@ -204,8 +211,8 @@ async fn run(
         limitations.push(line);
     };
     let mut probe_cost_ns = None;
-    if calls.gpu.is_some() || !calls.funcs.is_empty() {
-        calls.events = Some(probes.take_call_events()?);
+    if tracers.gpu.is_some() || !tracers.funcs.is_empty() {
+        tracers.events = Some(probes.take_call_events()?);
         // Before the other programs attach: sysprof is briefly its own target here.
         match calibrate::measure_probe_cost(&mut probes) {
             Ok(ns) => probe_cost_ns = Some(ns),
@@ -235,7 +242,7 @@ async fn run(
         }
         _ => None,
     };
-    for family in family::enabled(&config) {
+    for family in families::enabled(&props) {
         family.attach(&mut probes)?;
     }
     probes.attach_process_tracking()?;
@@ -246,22 +253,22 @@ async fn run(
         processes.observe_existing(pid);
     }
 
-    if let Some(gpu) = &mut calls.gpu {
+    if let Some(gpu) = &mut tracers.gpu {
         gpu.attach_initial(&mut probes, &processes);
         if let Some(gated) = &gated {
             gpu.attach_needed(&mut probes, gated.program());
         }
     }
-    if let Some(heap) = &mut calls.heap {
+    if let Some(heap) = &mut tracers.heap {
         if let Some(gated) = &gated {
             heap.attach_needed(&mut probes, gated.pid(), gated.program());
         }
         heap.attach_new(&mut probes, &processes);
     }
     if let Some(gated) = &gated {
-        calls.funcs.attach_for_program(&mut probes, gated.program());
+        tracers.funcs.attach_for_program(&mut probes, gated.program());
     }
-    calls.funcs.attach_ready(&mut probes, &processes);
+    tracers.funcs.attach_ready(&mut probes, &processes);
     let ticks_at_start = CpuTicks::now();
     let command = match gated {
         // Interrupted while the probes were attached: the command never starts (dropping the
@@ -297,7 +304,7 @@ async fn run(
     }
     // GPU metrics: polled beside the trace when NVML is there.
     let mut nvml_run = None;
-    if families.gpu {
+    if on.gpu {
         match nvml::open(config.nvml_library.as_deref()) {
             Ok(nvml) => {
                 let topology = nvml::topology::read(&nvml);
@@ -312,9 +319,17 @@ async fn run(
         command,
         stop_when_targets_exit: matches!(config.target, Target::Pids(_)),
     };
-    let collect::Collected { ended_by, elapsed, stats_coverage, command } =
-        collect::collect(&mut probes, events, &mut calls, &mut processes, plan, &stop, &status, config.quiet)
-            .await?;
+    let collect::Collected { ended_by, elapsed, stats_coverage, command } = collect::collect(
+        &mut probes,
+        events,
+        &mut tracers,
+        &mut processes,
+        plan,
+        &stop,
+        &status,
+        config.quiet,
+    )
+    .await?;
     status.finish();
     let end_ns = monotonic_ns();
     // What sysprof launched does not outlive the trace (see CommandWatch::end).
@@ -341,21 +356,20 @@ async fn run(
     // From here a second signal leaves at once (collect::Stop); the kernel drops the probes
     // with the process.
 
-    let window =
-        Window { started_at, elapsed, end_ns, ended_by, command, machine_busy_share, stats_coverage };
-    let finish = Finish {
-        props: FinishProps::of(&config),
+    let end = TraceEnd { started_at, elapsed, end_ns, ended_by, command, machine_busy_share, stats_coverage };
+    let results = Results {
+        props,
         probes,
         processes,
         output,
         limitations,
-        window,
-        calls,
+        end,
+        tracers,
         probe_cost_ns,
         heap_probe_cost_ns,
         nvml_samples,
     };
-    tokio::task::spawn_blocking(move || finish.run()).await.context("writing the results")?
+    tokio::task::spawn_blocking(move || results.deliver()).await.context("writing the results")?
 }
 
 fn all_pids() -> Vec<u32> {

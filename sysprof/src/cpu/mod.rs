@@ -4,10 +4,10 @@
 pub mod hotspots;
 pub mod probes;
 pub mod recommend;
+pub mod section;
 
-pub(crate) use self::probes::CpuFamily;
 pub use self::{
-    hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
+    hotspots::{Hotspot, ProcessShare},
     probes::CpuSamples,
-    recommend::cpu_recommendations,
+    section::CpuSection,
 };

@@ -11,9 +11,10 @@ use sysprof_common::{SampleKey, names};
 
 use crate::{
     config::SampleEvent,
-    family::Family,
+    family::{Analysis, Family},
     probes::{AttachedProbe, Probes, cpu_ranges, online_cpus, perf_event_error, program_mut, rejected},
     readout::MapReader,
+    report::Section,
 };
 
 /// Raw on-CPU samples as the kernel aggregated them, with the stacks they reference.
@@ -24,15 +25,44 @@ pub struct CpuSamples {
     pub stacks: HashMap<u32, Vec<u64>>,
 }
 
-/// The on-CPU family: sampling on every CPU.
+/// The on-CPU family: sampling on every CPU. It is always in the report (a run that did not
+/// sample says so in its section); it samples only when `sampled`.
 pub(crate) struct CpuFamily {
     pub event: SampleEvent,
     pub frequency_hz: u64,
+    pub sampled: bool,
+    samples: CpuSamples,
+}
+
+impl CpuFamily {
+    pub(crate) fn new(event: SampleEvent, frequency_hz: u64, sampled: bool) -> Self {
+        CpuFamily { event, frequency_hz, sampled, samples: CpuSamples::default() }
+    }
 }
 
 impl Family for CpuFamily {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
-        probes.attach_cpu_sampling(self.event, self.frequency_hz)
+        match self.sampled {
+            true => probes.attach_cpu_sampling(self.event, self.frequency_hz),
+            false => Ok(()),
+        }
+    }
+
+    fn read(&mut self, maps: &mut MapReader<'_>) -> anyhow::Result<()> {
+        self.samples = CpuSamples::read(maps)?;
+        Ok(())
+    }
+
+    fn processes(&self) -> Vec<u32> {
+        self.samples.counts.iter().map(|(key, _)| key.tgid).collect()
+    }
+
+    fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
+        Ok(Some(Box::new(super::section::analyze(&self.samples, self.sampled, cx))))
     }
 }
 

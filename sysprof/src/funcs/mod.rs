@@ -3,6 +3,8 @@
 //! APIs. BIN is a path, or the file name of a binary or library the target maps (resolved when
 //! the target maps it, so `-- CMD` works too).
 
+pub mod section;
+
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;

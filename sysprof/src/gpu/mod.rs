@@ -7,6 +7,7 @@
 pub(crate) mod functions;
 pub mod nvml;
 pub mod report;
+pub mod section;
 pub(crate) mod state;
 
 use std::{

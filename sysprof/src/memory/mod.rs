@@ -8,10 +8,10 @@ pub(crate) mod probes;
 pub mod profiles;
 pub mod redundancy;
 pub mod report;
+pub(crate) mod section;
 pub mod usage;
 
 pub use self::probes::MemoryDump;
-pub(crate) use self::probes::MemoryFamily;
 use syscalls::Sysno;
 use sysprof_common::Config;
 

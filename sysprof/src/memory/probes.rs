@@ -12,9 +12,10 @@ use sysprof_common::{
 };
 
 use crate::{
-    family::Family,
+    family::{Analysis, Family},
     probes::{AttachedProbe, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected},
     readout::MapReader,
+    report::Section,
 };
 
 /// Memory statistics as the kernel aggregated them, with the stacks they reference.
@@ -35,9 +36,23 @@ pub struct MemoryDump {
 
 /// The memory family's kernel side: page faults, and the address-space syscalls' sizes (read
 /// by the syscall programs, which park calls in flight through the switch program).
-pub(crate) struct MemoryFamily;
+pub(crate) struct MemoryFamily {
+    /// `--malloc`: the heap probes' maps are read too.
+    heap: bool,
+    dump: MemoryDump,
+}
+
+impl MemoryFamily {
+    pub(crate) fn new(heap: bool) -> Self {
+        MemoryFamily { heap, dump: MemoryDump::default() }
+    }
+}
 
 impl Family for MemoryFamily {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
     fn configure(&self, kernel: &mut Config) {
         super::configure_kernel(kernel);
     }
@@ -46,6 +61,24 @@ impl Family for MemoryFamily {
         probes.attach_sched_switch()?;
         probes.attach_syscalls()?;
         probes.attach_page_faults()
+    }
+
+    fn read(&mut self, maps: &mut MapReader<'_>) -> anyhow::Result<()> {
+        self.dump = MemoryDump::read(maps, self.heap)?;
+        Ok(())
+    }
+
+    fn processes(&self) -> Vec<u32> {
+        let faults = self.dump.fault_stacks.iter().map(|(key, _)| key.tgid);
+        faults.chain(self.dump.alloc_sites.iter().map(|(key, _)| key.tgid)).collect()
+    }
+
+    fn analyzed_after(&self) -> &'static [&'static str] {
+        &["gpu", "nvml"]
+    }
+
+    fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
+        Ok(Some(Box::new(super::section::analyze(&self.dump, cx))))
     }
 }
 

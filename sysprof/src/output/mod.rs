@@ -10,7 +10,7 @@
 mod flamegraph;
 mod folded;
 mod json;
-mod markdown;
+pub(crate) mod markdown;
 
 use std::{
     io::Write as _,

@@ -3,44 +3,27 @@
 
 pub mod format;
 pub mod recommendation;
+pub mod section;
 
-use serde::Serialize;
+use serde::{Serialize, ser::SerializeMap as _};
 
-pub use self::recommendation::Recommendation;
-pub use crate::cpu::{Hotspot, ProcessShare};
+pub use self::{
+    recommendation::Recommendation,
+    section::{Section, Sections},
+};
 use crate::{
     config::SampleEvent,
-    funcs::FuncRow,
-    gpu::nvml::report::GpuMetricsReport,
-    gpu::report::GpuReport,
-    memory::report::MemoryReport,
     probes::{AttachedProbe, DetachReport, ProgramCost},
-    sched::SchedReport,
-    syscalls::SyscallReport,
 };
 
 /// Everything a run found, in the order the report presents it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Debug)]
 pub struct Report {
     pub sysprof_version: String,
     pub run: RunSummary,
-    /// On-CPU samples per process, largest first.
-    pub processes: Vec<ProcessShare>,
-    /// Functions by self share of on-CPU samples.
-    pub hotspots: Vec<Hotspot>,
-    /// CPU overhead: scheduling per process (None when the scheduler was not traced).
-    pub sched: Option<SchedReport>,
-    /// Syscalls per process (None when syscalls were not traced).
-    pub syscalls: Option<SyscallReport>,
-    /// CUDA and NCCL calls (None when the GPU family was off).
-    pub gpu: Option<GpuReport>,
-    /// GPU metrics and topology from NVML (None without NVML).
-    pub gpu_metrics: Option<GpuMetricsReport>,
-    /// Process memory, page faults, the heap, data on both CPU and GPU (None when the memory
-    /// family was off).
-    pub memory: Option<MemoryReport>,
-    /// Functions timed with --func.
-    pub functions: Vec<FuncRow>,
+    /// The sections of the families that ran (CPU, scheduling, syscalls, memory, GPU, NVML,
+    /// `--func`), each under its own keys in report.json.
+    pub sections: Sections,
     /// Ranked by expected impact, largest first.
     pub recommendations: Vec<Recommendation>,
     pub overhead: Overhead,
@@ -48,6 +31,24 @@ pub struct Report {
     pub limitations: Vec<String>,
     /// Part B: what was instrumented, and proof it was removed.
     pub instrumentation: Instrumentation,
+}
+
+impl Serialize for Report {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("sysprof_version", &self.sysprof_version)?;
+        map.serialize_entry("run", &self.run)?;
+        for section in self.sections.iter() {
+            for (key, value) in section.json() {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        map.serialize_entry("recommendations", &self.recommendations)?;
+        map.serialize_entry("overhead", &self.overhead)?;
+        map.serialize_entry("limitations", &self.limitations)?;
+        map.serialize_entry("instrumentation", &self.instrumentation)?;
+        map.end()
+    }
 }
 
 /// What was traced, for how long, and what was collected and lost.

@@ -3,14 +3,14 @@
 
 pub(crate) mod probes;
 pub(crate) mod recommend;
+pub(crate) mod section;
 
 use std::{collections::HashMap, time::Duration};
 
 use serde::Serialize;
 use sysprof_common::{TASK_REPORT_MAX, ThreadSched};
 
-pub(crate) use self::probes::SchedFamily;
-pub use self::{probes::SchedDump, recommend::sched_recommendations};
+pub use self::probes::SchedDump;
 use crate::{
     latency::{self, Percentiles},
     procs::{ProcessTable, comm_to_string},

@@ -5,7 +5,12 @@ use std::collections::{BTreeSet, HashMap};
 
 use sysprof_common::{Config, LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSched, names};
 
-use crate::{family::Family, probes::Probes, readout::MapReader};
+use crate::{
+    family::{Analysis, Family},
+    probes::Probes,
+    readout::MapReader,
+    report::Section,
+};
 
 /// Scheduler statistics as the kernel aggregated them, with the off-CPU stacks.
 #[derive(Debug, Default)]
@@ -19,9 +24,16 @@ pub struct SchedDump {
 
 /// The scheduler family: context switches (statistics, off-CPU stacks) and wakeups (run-queue
 /// latency).
-pub(crate) struct SchedFamily;
+#[derive(Default)]
+pub(crate) struct SchedFamily {
+    dump: SchedDump,
+}
 
 impl Family for SchedFamily {
+    fn name(&self) -> &'static str {
+        "sched"
+    }
+
     fn configure(&self, kernel: &mut Config) {
         kernel.sched_stats = 1;
     }
@@ -29,6 +41,19 @@ impl Family for SchedFamily {
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         probes.attach_sched_switch()?;
         probes.attach_sched_wakeup()
+    }
+
+    fn read(&mut self, maps: &mut MapReader<'_>) -> anyhow::Result<()> {
+        self.dump = SchedDump::read(maps)?;
+        Ok(())
+    }
+
+    fn processes(&self) -> Vec<u32> {
+        self.dump.offcpu.iter().map(|(key, _)| key.tgid).collect()
+    }
+
+    fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
+        Ok(Some(Box::new(super::section::analyze(&self.dump, cx))))
     }
 }
 

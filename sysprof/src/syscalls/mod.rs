@@ -3,6 +3,7 @@
 
 pub(crate) mod probes;
 pub(crate) mod recommend;
+pub(crate) mod section;
 
 use std::{collections::HashMap, time::Duration};
 
@@ -10,8 +11,7 @@ use serde::Serialize;
 
 use sysprof_common::{SyscallKey, SyscallStats};
 
-pub(crate) use self::probes::SyscallFamily;
-pub use self::{probes::SyscallDump, recommend::syscall_recommendations};
+pub use self::probes::SyscallDump;
 use crate::{
     latency::{self, Percentiles},
     procs::ProcessTable,

@@ -3,7 +3,12 @@
 
 use sysprof_common::{SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
 
-use crate::{family::Family, probes::Probes, readout::MapReader};
+use crate::{
+    family::{Analysis, Family},
+    probes::Probes,
+    readout::MapReader,
+    report::Section,
+};
 
 /// Syscall statistics as the kernel aggregated them.
 #[derive(Debug, Default)]
@@ -15,13 +20,29 @@ pub struct SyscallDump {
 }
 
 /// The syscall family: exact counts, errors and latency.
-pub(crate) struct SyscallFamily;
+#[derive(Default)]
+pub(crate) struct SyscallFamily {
+    dump: SyscallDump,
+}
 
 impl Family for SyscallFamily {
+    fn name(&self) -> &'static str {
+        "syscalls"
+    }
+
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         // The switch program parks a syscall in flight when its thread leaves the CPU.
         probes.attach_sched_switch()?;
         probes.attach_syscalls()
+    }
+
+    fn read(&mut self, maps: &mut MapReader<'_>) -> anyhow::Result<()> {
+        self.dump = SyscallDump::read(maps)?;
+        Ok(())
+    }
+
+    fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
+        Ok(Some(Box::new(super::section::analyze(&self.dump, cx))))
     }
 }
 

@@ -10,6 +10,7 @@
 //! hold on to (traced allocations are what the program asked for).
 
 pub mod report;
+pub mod section;
 pub mod topology;
 
 use std::{

@@ -1,22 +1,86 @@
-//! The memory section: the overhead table (allocated vs reserved vs peak, with what is held on
-//! both CPU and GPU), memory over the run, page faults, address-space changes, the heap, and
-//! the host ranges copied to a GPU.
+//! The memory family's section of the report: the overhead table (allocated vs reserved vs
+//! peak, with what is held on both CPU and GPU), memory over the run, page faults,
+//! address-space changes, the heap, and the host ranges copied to a GPU; the page-fault and
+//! heap profiles' files.
 
 use std::fmt::Write as _;
 
-use super::{bytes, escape, percent, table, thousands};
-use crate::{
-    memory::report::{MemoryReport, Side},
-    report::Report,
+use super::{
+    MemoryDump,
+    profiles::{self, fault_sites},
+    redundancy::{self, LiveBlocks},
+    report::{self as memory_report, Inputs, MemoryReport, Side},
 };
+use crate::{
+    family::Analysis,
+    gpu::{nvml::report::GpuMetricsReport, report::GpuReport},
+    output::markdown::{escape, table},
+    report::{
+        Section,
+        format::{bytes, percent, thousands},
+    },
+};
+
+/// The section, its limitations and recommendations, and the profiles' files. Runs after the
+/// GPU families: it reads their transfers and device memory.
+pub(crate) fn analyze(dump: &MemoryDump, cx: &mut Analysis<'_>) -> MemoryReport {
+    let faults = profiles::fault_profile(dump, cx.processes, cx.symbolizer);
+    let (alloc, alloc_sites) = match dump.heaps.is_empty() {
+        true => (None, Vec::new()),
+        false => {
+            let (profile, sites) =
+                profiles::heap_profile(dump, cx.processes, cx.symbolizer, cx.run.sysprof_pid);
+            (Some(profile), sites)
+        }
+    };
+    let heap = cx.outcome.heap.as_ref();
+    let live = heap.map(|_| LiveBlocks::new(&dump.live));
+    let copied_ranges = cx
+        .gpu_state
+        .map(|state| redundancy::copied_ranges(state, live.as_ref(), cx.names))
+        .unwrap_or_default();
+    let wall_s = cx.wall_s();
+    let report = memory_report::build(Inputs {
+        processes: cx.processes,
+        dump,
+        fault_sites: fault_sites(&faults),
+        heap: heap.map(|heap| (heap.allocators.clone(), alloc_sites, cx.run.heap_probe_cost_ns)),
+        gpu: cx.gpu_state,
+        gpu_metrics: cx.sections.get::<GpuMetricsReport>(),
+        copied_ranges,
+        wall_s,
+        sysprof_pid: cx.run.sysprof_pid,
+    });
+    cx.limitations.extend(memory_report::limitations(&report, cx.processes));
+    let h2d_gb_s = cx
+        .sections
+        .get::<GpuReport>()
+        .and_then(|gpu| gpu.interconnect.iter().find(|t| t.kind == "H2D"))
+        .and_then(|t| t.bandwidth_gb_s);
+    cx.recommendations.extend(memory_report::recommendations(&report, h2d_gb_s, wall_s));
+    cx.add_profile("faults", "page faults", faults);
+    if let Some(alloc) = alloc {
+        cx.add_profile("alloc", "heap allocations (bytes)", alloc);
+    }
+    report
+}
+
+impl Section for MemoryReport {
+    fn json(&self) -> Vec<(&'static str, &dyn erased_serde::Serialize)> {
+        vec![("memory", self)]
+    }
+
+    fn markdown(&self, out: &mut String) {
+        markdown(out, self);
+    }
+}
 
 /// Processes listed in the per-process tables (report.json has them all).
 const PROCESS_ROWS: usize = 10;
 /// Host ranges listed.
 const RANGE_ROWS: usize = 15;
 
-pub(super) fn memory(out: &mut String, report: &Report) {
-    let Some(memory) = &report.memory else { return };
+fn markdown(out: &mut String, memory: &MemoryReport) {
     let _ = writeln!(out, "### Memory\n");
     overview(out, memory);
     usage(out, memory);

@@ -1,17 +1,12 @@
 //! `report.md`: the report model as tables a person reads top to bottom. Part A answers where the
 //! time goes and what to change first; Part B is the changelog of what sysprof instrumented.
+//! Each family's section writes its own part (`Section::markdown`), with the [`table`] and
+//! [`escape`] of this file.
 
 use std::fmt::Write as _;
 
-mod cpu;
-mod gpu;
-mod memory;
-
 use super::{Artifact, Rendered, Sink};
-use crate::report::{
-    Lost, Report,
-    format::{bytes, percent, thousands},
-};
+use crate::report::{Lost, Report, format::thousands};
 
 pub struct MarkdownReport;
 
@@ -31,13 +26,9 @@ pub fn render(report: &Report) -> String {
     let _ = writeln!(out, "## Part A: where the time goes\n");
     run_summary(&mut out, report);
     recommendations(&mut out, report);
-    cpu::cpu(&mut out, report);
-    cpu::sched(&mut out, report);
-    cpu::syscalls(&mut out, report);
-    memory::memory(&mut out, report);
-    gpu::gpu(&mut out, report);
-    gpu::gpu_metrics(&mut out, report);
-    cpu::functions(&mut out, report);
+    for section in report.sections.iter() {
+        section.markdown(&mut out);
+    }
     overhead(&mut out, report);
     limitations(&mut out, report);
     part_b(&mut out, report);
@@ -230,7 +221,7 @@ fn part_b(out: &mut String, report: &Report) {
 }
 
 /// A Markdown table; the first header may be empty for key/value tables.
-fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
+pub(crate) fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
     let _ = writeln!(out, "| {} |", headers.join(" | "));
     let _ = writeln!(out, "|{}", "---|".repeat(headers.len()));
     for row in rows {
@@ -239,6 +230,7 @@ fn table(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
     out.push('\n');
 }
 
-fn escape(text: &str) -> String {
+/// `text` in a table cell: a `|` would end the cell.
+pub(crate) fn escape(text: &str) -> String {
     text.replace('|', "\\|")
 }

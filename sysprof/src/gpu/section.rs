@@ -1,13 +1,56 @@
-//! The GPU sections: interconnect, NCCL, GPU compute as the host sees it, GPU memory, and the
-//! NVML metrics and topology.
+//! The GPU family's section of the report: CPU-GPU transfers, NCCL collectives, the host side
+//! of compute (launches, syncs), device memory and the probes' own cost, from the CUDA and
+//! NCCL calls the uprobes saw.
 
 use std::fmt::Write as _;
 
-use super::{bytes, escape, percent, table, thousands};
-use crate::{latency::format_ns, report::Report};
+use super::{
+    functions,
+    report::{self, GpuReport},
+};
+use crate::{
+    family::{Analysis, Family},
+    latency::format_ns,
+    output::markdown::{escape, table},
+    report::{
+        Section,
+        format::{bytes, thousands},
+    },
+};
 
-pub(super) fn gpu(out: &mut String, report: &Report) {
-    let Some(gpu) = &report.gpu else { return };
+/// The GPU family: uprobes on CUDA and NCCL, attached while the trace runs (see `gpu::GpuTracer`).
+pub(crate) struct GpuFamily;
+
+impl Family for GpuFamily {
+    fn name(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
+        let (Some(outcome), Some(state)) = (cx.outcome.gpu.as_ref(), cx.gpu_state) else {
+            return Ok(None);
+        };
+        let calls: Vec<_> =
+            cx.calls.iter().filter(|(key, _)| functions::by_id(key.func).is_some()).copied().collect();
+        let wall_s = cx.wall_s();
+        let gpu =
+            report::build(outcome.libraries.clone(), state, &calls, cx.names, wall_s, cx.run.probe_cost_ns);
+        cx.recommendations.extend(report::recommendations(&gpu, wall_s));
+        Ok(Some(Box::new(gpu)))
+    }
+}
+
+impl Section for GpuReport {
+    fn json(&self) -> Vec<(&'static str, &dyn erased_serde::Serialize)> {
+        vec![("gpu", self)]
+    }
+
+    fn markdown(&self, out: &mut String) {
+        markdown(out, self);
+    }
+}
+
+fn markdown(out: &mut String, gpu: &GpuReport) {
     if gpu.libraries.is_empty() {
         return;
     }
@@ -197,121 +240,6 @@ pub(super) fn gpu(out: &mut String, report: &Report) {
             thousands(cost.hits),
             cost.ns_per_call,
             cost.added_s
-        );
-    }
-}
-
-pub(super) fn gpu_metrics(out: &mut String, report: &Report) {
-    let Some(metrics) = &report.gpu_metrics else { return };
-    let opt = |v: Option<f64>, unit: &str| v.map(|v| format!("{v:.0}{unit}")).unwrap_or_else(|| "-".into());
-    let _ = writeln!(out, "### GPU compute (NVML, every {} ms)\n", metrics.interval_ms);
-    for meaning in &metrics.meanings {
-        let _ = writeln!(out, "- {meaning}");
-    }
-    out.push('\n');
-    let rows: Vec<Vec<String>> = metrics
-        .devices
-        .iter()
-        .map(|d| {
-            vec![
-                d.device.to_string(),
-                escape(&d.name),
-                d.samples.to_string(),
-                format!(
-                    "{} / {} / {}",
-                    opt(d.sm_util_mean, "%"),
-                    d.sm_util_p50.map_or("-".into(), |v| format!("{v}%")),
-                    d.sm_util_max.map_or("-".into(), |v| format!("{v}%"))
-                ),
-                format!(
-                    "{} / {}",
-                    opt(d.mem_util_mean, "%"),
-                    d.mem_util_max.map_or("-".into(), |v| format!("{v}%"))
-                ),
-                format!("{} / {}", opt(d.power_mean_w, " W"), opt(d.power_max_w, " W")),
-                format!("{} / {}", opt(d.sm_clock_mean_mhz, " MHz"), opt(d.mem_clock_mean_mhz, " MHz")),
-                d.temperature_max_c.map_or("-".into(), |t| format!("{t} C")),
-                if d.throttle_reasons.is_empty() { "none".into() } else { d.throttle_reasons.join(", ") },
-            ]
-        })
-        .collect();
-    table(
-        out,
-        &[
-            "GPU",
-            "Name",
-            "Samples",
-            "SM util mean / p50 / max",
-            "Memory util mean / max",
-            "Power mean / max",
-            "SM / memory clock",
-            "Max temp",
-            "Throttling",
-        ],
-        &rows,
-    );
-    let _ = writeln!(out, "### GPU memory: reserved (NVML) vs allocated (traced)\n");
-    let rows: Vec<Vec<String>> = metrics
-        .memory
-        .iter()
-        .map(|m| {
-            vec![
-                m.device.to_string(),
-                bytes(m.total),
-                m.reserved_max.map_or("-".into(), bytes),
-                m.allocated.map_or("- (not traced)".into(), bytes),
-                m.allocated_peak.map_or("-".into(), bytes),
-                bytes(m.target_processes_max),
-            ]
-        })
-        .collect();
-    table(
-        out,
-        &[
-            "GPU",
-            "Total",
-            "Reserved (NVML used, max)",
-            "Allocated now (traced)",
-            "Allocated peak (traced)",
-            "Target processes (NVML, max)",
-        ],
-        &rows,
-    );
-    if !metrics.links.is_empty() {
-        let _ = writeln!(out, "### GPU links: measured vs peak\n");
-        let rows: Vec<Vec<String>> = metrics
-            .links
-            .iter()
-            .map(|l| {
-                vec![
-                    l.device.to_string(),
-                    l.link.clone(),
-                    format!("{:.2} GB/s", l.mean_gb_s),
-                    format!("{:.2} GB/s", l.max_gb_s),
-                    l.peak_gb_s.map_or("-".into(), |p| format!("{p:.1} GB/s")),
-                    l.peak_gb_s.map_or("-".into(), |p| percent(l.max_gb_s / p)),
-                ]
-            })
-            .collect();
-        table(out, &["GPU", "Link", "Mean", "Max", "Peak (per direction)", "Max / peak"], &rows);
-    }
-    let topology = &metrics.topology;
-    if topology.devices.len() > 1 {
-        let _ = writeln!(out, "### GPU topology\n");
-        let mut headers = vec![String::new()];
-        headers.extend(topology.devices.iter().map(|d| format!("GPU{}", d.index)));
-        let rows: Vec<Vec<String>> = topology
-            .devices
-            .iter()
-            .zip(&topology.matrix)
-            .map(|(d, row)| std::iter::once(format!("GPU{}", d.index)).chain(row.iter().cloned()).collect())
-            .collect();
-        let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
-        table(out, &headers, &rows);
-        let _ = writeln!(
-            out,
-            "NV# = # NVLinks, PIX/PXB = PCIe switch(es), PHB = host bridge, NODE = same NUMA node, SYS = across \
-             NUMA nodes.\n"
         );
     }
 }

@@ -1,0 +1,231 @@
+//! The analysis stage: the kernel's maps read out through every family, and a recording (live
+//! or replayed from `readout.json`) analyzed family by family into the report model and its
+//! stack files. Nothing here reads the machine, so that a replay analyzes alike.
+
+use std::collections::{BTreeSet, HashMap};
+
+use sysprof_common::{CallKey, CallStats, Counter, names};
+
+use crate::{
+    callsites::CallNames,
+    families,
+    family::{Analysis, Family, StackFile},
+    gpu::state::GpuState,
+    output::{self, Artifact, Rendered},
+    probes::DetachReport,
+    procs::ProcessTable,
+    readout::{Counters, MapReader},
+    recording::{self, Recording, ReportProps},
+    report::{Instrumentation, Lost, Report, RunSummary, Section, Sections, format::thousands},
+    selfcost,
+    symbolize::Symbolizer,
+};
+
+/// What the pipeline itself reads of the maps, beside the families: the counters, and the
+/// probed calls with the stacks they and the GPU state refer to (the GPU and `--func` families
+/// and memory's copied ranges share them).
+pub(crate) struct Shared {
+    counters: Counters,
+    calls: Vec<(CallKey, CallStats)>,
+    call_stacks: HashMap<u32, Vec<u64>>,
+}
+
+/// Reads every map the run filled: each family's, then the shared ones (the same reads, live
+/// or replayed).
+pub(crate) fn read(
+    maps: &mut MapReader<'_>,
+    props: &ReportProps,
+    families: &mut [Box<dyn Family>],
+    gpu: Option<&GpuState>,
+) -> anyhow::Result<Shared> {
+    let counters = Counters::read(maps)?;
+    for family in families.iter_mut() {
+        family.read(maps)?;
+    }
+    let calls = if props.calls_probed { maps.entries(names::CALLS)? } else { Vec::new() };
+    let mut stack_ids: BTreeSet<u32> = calls
+        .iter()
+        .filter_map(|(key, _): &(CallKey, CallStats)| u32::try_from(key.user_stack_id).ok())
+        .collect();
+    if let Some(gpu) = gpu {
+        stack_ids.extend(gpu.live().filter_map(|(_, a)| u32::try_from(a.user_stack_id).ok()));
+        stack_ids.extend(gpu.h2d.iter().filter_map(|c| u32::try_from(c.user_stack_id).ok()));
+    }
+    let call_stacks = maps.stacks(names::STACKS, &stack_ids)?;
+    Ok(Shared { counters, calls, call_stacks })
+}
+
+/// Every process the families' read-outs name, for the process table to know them all before
+/// its snapshot.
+pub(crate) fn processes(families: &[Box<dyn Family>]) -> BTreeSet<u32> {
+    let mut pids: BTreeSet<u32> = families.iter().flat_map(|family| family.processes()).collect();
+    pids.remove(&0);
+    pids
+}
+
+/// A saved read-out (`readout.json`) through the analysis a live run does: its report, and the
+/// folded stacks and flamegraphs that go with it.
+pub fn replay(readout: &[u8]) -> anyhow::Result<(Report, Vec<Rendered>)> {
+    let recording = Recording::from_json(readout)?;
+    let gpu_state = recording.calls.gpu.as_ref().map(|gpu| GpuState::replay(&gpu.events)).transpose()?;
+    let mut families = families::enabled(&recording.props);
+    let mut maps = MapReader::replay(&recording.maps);
+    let shared = read(&mut maps, &recording.props, &mut families, gpu_state.as_ref())?;
+    let mut processes =
+        ProcessTable::from_records(recording.processes.iter().cloned(), recording.memory_interval);
+    let mut symbolizer = Symbolizer::replay(recording.symbols.clone());
+    let analyzed =
+        analyze(&recording, families, shared, &mut processes, gpu_state.as_ref(), &mut symbolizer)?;
+    Ok((analyzed.report, analyzed.files))
+}
+
+pub(crate) struct Analyzed {
+    pub report: Report,
+    /// Folded stacks and flamegraphs, rendered.
+    pub files: Vec<Rendered>,
+    /// On-CPU samples with a stack, for the closing line.
+    pub cpu_samples: u64,
+}
+
+/// Analyzes every family in turn and builds the report model; the detach proof is the
+/// caller's.
+pub(crate) fn analyze(
+    recording: &Recording,
+    mut families: Vec<Box<dyn Family>>,
+    shared: Shared,
+    processes: &mut ProcessTable,
+    gpu_state: Option<&GpuState>,
+    symbolizer: &mut Symbolizer,
+) -> anyhow::Result<Analyzed> {
+    let props = &recording.props;
+    let run = &recording.run;
+    let names = CallNames::new(&shared.calls, gpu_state, &shared.call_stacks, processes, symbolizer);
+    let mut cx = Analysis {
+        props,
+        run,
+        outcome: &recording.calls,
+        nvml: recording.nvml.as_ref(),
+        processes,
+        symbolizer,
+        calls: &shared.calls,
+        names: &names,
+        gpu_state,
+        sections: Sections::default(),
+        recommendations: Vec::new(),
+        profiles: Vec::new(),
+        limitations: recording.limitations.clone(),
+    };
+    // Each section with its family's place in the list, to be put back in report order.
+    let mut places = Vec::new();
+    for index in analysis_order(&families) {
+        if let Some(section) = families[index].analyze(&mut cx)? {
+            cx.sections.push(section);
+            places.push(index);
+        }
+    }
+    let Analysis { sections, mut recommendations, profiles, mut limitations, .. } = cx;
+    let mut placed: Vec<(usize, Box<dyn Section>)> = places.into_iter().zip(sections.into_vec()).collect();
+    placed.sort_by_key(|(index, _)| *index);
+    let sections = Sections::new(placed.into_iter().map(|(_, section)| section).collect());
+    // Stable: equal impacts keep the families' order.
+    recommendations.sort_by(|a, b| b.impact.total_cmp(&a.impact));
+
+    // Rendered in memory, written after the report (see results::write_all).
+    let mut files = Vec::new();
+    for StackFile { name, title, profile } in &profiles {
+        files.extend(output::render(&Artifact::Stacks { name, title, profile })?);
+    }
+    let mut outputs: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
+    outputs.extend(["report.md".to_string(), "report.json".to_string()]);
+    if props.save_readout {
+        outputs.push(recording::FILE_NAME.into());
+    }
+
+    let lost = lost(&shared.counters);
+    if lost.total() > 0 {
+        limitations.push(format!(
+            "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
+            thousands(lost.total())
+        ));
+    }
+    let mut overhead = selfcost::overhead(
+        recording.costs.clone(),
+        recording.stats_available,
+        run.stats_coverage,
+        run.elapsed,
+        run.cpus,
+    );
+    if let Some((cpu_s, peak_rss_kib)) = run.own_usage {
+        (overhead.sysprof_cpu_s, overhead.sysprof_peak_rss_kib) = (cpu_s, peak_rss_kib);
+    }
+    let cpu_samples = sections.get::<crate::cpu::CpuSection>().map_or(0, |cpu| cpu.samples());
+    let report = Report {
+        sysprof_version: env!("CARGO_PKG_VERSION").into(),
+        run: RunSummary {
+            target: props.target.clone(),
+            command: props.command.clone(),
+            started_at: run.started_at.clone(),
+            duration_s: run.elapsed.as_secs_f64(),
+            ended_by: run.ended_by.clone(),
+            command_status: run.command_status.clone(),
+            event: props.event,
+            frequency_hz: props.frequency_hz,
+            cpus: run.cpus,
+            machine_busy_share: run.machine_busy_share,
+            samples: shared.counters.get(Counter::CpuSamples),
+            lost,
+            outputs,
+        },
+        sections,
+        recommendations,
+        overhead,
+        limitations,
+        instrumentation: Instrumentation {
+            files_modified: recording.files_changed.clone(),
+            probes: recording.attached.clone(),
+            // A live run's proof comes after the analysis (see results::Results::deliver).
+            detach: recording
+                .detach
+                .clone()
+                .unwrap_or(DetachReport { programs: 0, still_loaded: Vec::new() }),
+        },
+    };
+    Ok(Analyzed { report, files, cpu_samples })
+}
+
+/// The families' indices in the order they are analyzed: the list's, except that a family
+/// waits for those it is analyzed after (a name that is not in the list is not waited for).
+fn analysis_order(families: &[Box<dyn Family>]) -> Vec<usize> {
+    let present: Vec<&str> = families.iter().map(|family| family.name()).collect();
+    let mut done: Vec<usize> = Vec::with_capacity(families.len());
+    while done.len() < families.len() {
+        let ready = (0..families.len()).find(|index| {
+            !done.contains(index)
+                && families[*index]
+                    .analyzed_after()
+                    .iter()
+                    .all(|name| !present.contains(name) || done.iter().any(|&d| families[d].name() == *name))
+        });
+        // A cycle of "after"s: the rest in list order rather than never.
+        let next = ready.unwrap_or_else(|| (0..families.len()).find(|i| !done.contains(i)).unwrap_or(0));
+        done.push(next);
+    }
+    done
+}
+
+fn lost(counters: &Counters) -> Lost {
+    Lost {
+        samples: counters.get(Counter::CpuSamplesLost),
+        user_stacks: counters.get(Counter::UserStacksLost),
+        kernel_stacks: counters.get(Counter::KernelStacksLost),
+        process_events: counters.get(Counter::ProcessEventsLost),
+        processes_not_followed: counters.get(Counter::TargetsFull),
+        syscalls: counters.get(Counter::SyscallsLost),
+        sched_events: counters.get(Counter::SchedLost),
+        offcpu_intervals: counters.get(Counter::OffCpuLost),
+        calls: counters.get(Counter::CallsLost),
+        call_events: counters.get(Counter::CallEventsLost),
+        faults: counters.get(Counter::FaultsLost),
+        allocations: counters.get(Counter::AllocsLost),
+    }
+}

@@ -1,0 +1,99 @@
+//! The on-CPU family's section of the report: samples per process and the hotspots, built from
+//! the symbolized profile, with the profile itself written as cpu.folded and cpu.svg.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{
+    CpuSamples,
+    hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
+    recommend::cpu_recommendations,
+};
+use crate::{
+    family::Analysis,
+    output::markdown::{escape, table},
+    profile,
+    report::{
+        Section,
+        format::{percent, thousands},
+    },
+};
+
+/// Number of hotspot rows in the report.
+const HOTSPOTS: usize = 25;
+
+/// On-CPU samples per process and the hottest functions.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CpuSection {
+    /// On-CPU samples per process, largest first.
+    pub processes: Vec<ProcessShare>,
+    /// Functions by self share of on-CPU samples.
+    pub hotspots: Vec<Hotspot>,
+}
+
+impl CpuSection {
+    /// Samples with a stack, all processes together.
+    pub fn samples(&self) -> u64 {
+        self.processes.iter().map(|p| p.weight).sum()
+    }
+}
+
+/// The section, its recommendations and (when the CPUs were sampled) the profile's files.
+pub(crate) fn analyze(samples: &CpuSamples, sampled: bool, cx: &mut Analysis<'_>) -> CpuSection {
+    let profile = profile::cpu_profile(samples, cx.processes, cx.symbolizer);
+    let hotspots = hotspots(&profile, HOTSPOTS);
+    cx.recommendations.extend(cpu_recommendations(&profile, &hotspots));
+    let section = CpuSection { processes: process_shares(&profile), hotspots };
+    if sampled {
+        cx.add_profile("cpu", "on-CPU", profile);
+    }
+    section
+}
+
+impl Section for CpuSection {
+    fn json(&self) -> Vec<(&'static str, &dyn erased_serde::Serialize)> {
+        vec![("processes", &self.processes), ("hotspots", &self.hotspots)]
+    }
+
+    fn markdown(&self, out: &mut String) {
+        markdown(out, self);
+    }
+}
+
+fn markdown(out: &mut String, cpu: &CpuSection) {
+    let _ = writeln!(out, "### CPU: processes\n");
+    if cpu.processes.is_empty() {
+        let _ = writeln!(out, "No on-CPU samples of the target: it did not run on a CPU while traced.\n");
+        return;
+    }
+    let rows: Vec<Vec<String>> = cpu
+        .processes
+        .iter()
+        .take(20)
+        .map(|p| vec![escape(&p.name), p.pid.to_string(), thousands(p.weight), percent(p.share)])
+        .collect();
+    table(out, &["Process", "PID", "Samples", "Share"], &rows);
+
+    let _ = writeln!(out, "### CPU: hotspots\n");
+    let _ = writeln!(
+        out,
+        "Self: samples in the function's own code. Total: samples in it or in what it calls. \
+         The flamegraph is cpu.svg.\n"
+    );
+    let rows: Vec<Vec<String>> = cpu
+        .hotspots
+        .iter()
+        .map(|h| {
+            vec![
+                format!("`{}`", escape(&h.function)),
+                escape(&h.module),
+                percent(h.self_share),
+                thousands(h.self_weight),
+                percent(h.total_share),
+                thousands(h.total_weight),
+            ]
+        })
+        .collect();
+    table(out, &["Function", "Module", "Self %", "Self", "Total %", "Total"], &rows);
+}

@@ -1,0 +1,354 @@
+//! The stages after collection, in order: read the kernel's maps out through every family,
+//! start the detach (proving nothing is left), analyze (`analysis.rs`), then write every output
+//! and say what was written.
+
+use std::path::PathBuf;
+
+use crate::{
+    analysis::{self, Analyzed},
+    collect::{EndReason, UprobeTracers},
+    families,
+    launch::{self, CommandEnd},
+    output::{self, Artifact, OutputDir, Rendered},
+    probes::Probes,
+    procs::ProcessTable,
+    readout::MapReader,
+    recording::{self, Recording, ReportProps, RunFacts},
+    report::{self, Report, format::thousands},
+    symbolize::{Symbolizer, Symbols},
+    terminal::{say, stderr_line},
+};
+
+/// How a trace ended, for the caller and the exit code.
+#[derive(Clone, Debug)]
+pub struct TraceOutcome {
+    /// 0, or the command's exit code for `-- CMD` (128 + signal when it was killed).
+    pub exit_code: u8,
+    pub output_dir: PathBuf,
+    /// Files written, relative to `output_dir`.
+    pub files: Vec<String>,
+    pub samples: u64,
+    pub lost: u64,
+}
+
+/// What the collect stage hands over: the loaded probes, the process table, the uprobe
+/// tracers and the measurements taken while the trace ran.
+pub(crate) struct Results {
+    pub props: ReportProps,
+    pub probes: Probes,
+    pub processes: ProcessTable,
+    pub output: OutputDir,
+    pub limitations: Vec<String>,
+    pub end: crate::collect::TraceEnd,
+    pub tracers: UprobeTracers,
+    /// Measured cost of one probed call, when calls were probed.
+    pub probe_cost_ns: Option<f64>,
+    /// Measured cost of one allocator call under the heap probes (`--malloc`).
+    pub heap_probe_cost_ns: Option<f64>,
+    /// NVML polls and the topology, when NVML was there.
+    pub nvml_samples: Option<(Vec<crate::gpu::nvml::Sample>, crate::gpu::nvml::topology::Topology)>,
+}
+
+impl Results {
+    pub(crate) fn deliver(self) -> anyhow::Result<TraceOutcome> {
+        let Results {
+            props,
+            probes,
+            mut processes,
+            mut output,
+            mut limitations,
+            end,
+            tracers,
+            probe_cost_ns,
+            heap_probe_cost_ns,
+            nvml_samples,
+        } = self;
+        // Read everything, then start detaching: the probes go before the slow stages
+        // (symbolization), and the detach is verified before the report is written.
+        let mut families = families::enabled(&props);
+        let gpu_state = tracers.gpu.as_ref().map(|gpu| &gpu.state);
+        let mut maps = MapReader::live(&probes, props.save_readout);
+        let shared = analysis::read(&mut maps, &props, &mut families, gpu_state)?;
+        let maps = maps.into_contents();
+        let costs = probes.costs();
+        let stats_available = probes.stats_available();
+        let attached = probes.attached().to_vec();
+        let files_changed = probes.probed_files_changed();
+        let detach = probes.detach();
+        processes.final_scan();
+        for pid in analysis::processes(&families) {
+            processes.ensure(pid);
+        }
+
+        limitations.extend(tracer_limitations(props.quiet, &tracers));
+        let (command_status, exit_code) = match &end.command {
+            Some(command) => {
+                let (text, code) = describe_end(command, &end.ended_by);
+                (Some(text), code)
+            }
+            None => (None, 0),
+        };
+        let (gpu_state, outcome) = tracers.into_outcome();
+        // Before the analysis, which adds processes it symbolizes (sysprof's own, for one).
+        let snapshot: Vec<_> = match props.save_readout {
+            true => processes.iter().map(|(pid, record)| (pid, record.clone())).collect(),
+            false => Vec::new(),
+        };
+        let mut recording = Recording {
+            format: recording::FORMAT,
+            run: RunFacts {
+                started_at: humantime::format_rfc3339_seconds(end.started_at).to_string(),
+                elapsed: end.elapsed,
+                end_ns: end.end_ns,
+                ended_by: end.ended_by.describe(),
+                command_status,
+                exit_code,
+                sysprof_pid: std::process::id(),
+                cpus: aya::util::online_cpus().map(|cpus| cpus.len() as u32).unwrap_or(1),
+                machine_busy_share: end.machine_busy_share,
+                stats_coverage: end.stats_coverage,
+                probe_cost_ns,
+                heap_probe_cost_ns,
+                own_usage: None,
+            },
+            props,
+            maps,
+            processes: snapshot,
+            memory_interval: processes.memory_interval(),
+            symbols: Symbols::default(),
+            calls: outcome,
+            nvml: nvml_samples,
+            costs,
+            stats_available,
+            attached,
+            files_changed,
+            detach: None,
+            limitations,
+        };
+
+        let mut symbolizer = Symbolizer::new();
+        let Analyzed { mut report, mut files, cpu_samples } = analysis::analyze(
+            &recording,
+            families,
+            shared,
+            &mut processes,
+            gpu_state.as_ref(),
+            &mut symbolizer,
+        )?;
+        let detach = detach.wait();
+        report.instrumentation.detach = detach.clone();
+        let props = &recording.props;
+        if props.save_readout {
+            recording.detach = Some(detach);
+            recording.run.own_usage =
+                Some((report.overhead.sysprof_cpu_s, report.overhead.sysprof_peak_rss_kib));
+            recording.symbols = symbolizer.answers().clone();
+            files.push(Rendered { name: recording::FILE_NAME.into(), bytes: recording.to_json()? });
+        }
+        let quiet = props.quiet;
+        let exit_code = recording.run.exit_code;
+        let (report, written) = write_all(&mut output, report, files)?;
+        let removed = output.remove_stale(&written.written);
+
+        if !quiet {
+            print_summary(&output, &written, &removed, &report, cpu_samples);
+        }
+        // Said even with --quiet: results that are missing are never a quiet matter.
+        let mut reasons: Vec<&str> = written.failed.iter().map(|(_, reason)| reason.as_str()).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        for reason in reasons {
+            let names: Vec<&str> =
+                written.failed.iter().filter(|(_, r)| r == reason).map(|(name, _)| name.as_str()).collect();
+            stderr_line(format_args!(
+                "error: could not write {} in {}: {reason}; free space there or choose another directory with -o DIR",
+                names.join(", "),
+                output.path().display()
+            ));
+        }
+        let exit_code = if written.failed.is_empty() || exit_code != 0 { exit_code } else { 1 };
+        Ok(TraceOutcome {
+            exit_code,
+            output_dir: output.path().to_path_buf(),
+            files: written.written,
+            samples: report.run.samples,
+            lost: report.run.lost.total(),
+        })
+    }
+}
+
+/// Writes the report first (on a full disk it is what must survive), then the folded stacks,
+/// then the flamegraphs. Files that will not fit in the room the disk has are left out before
+/// anything is written, so the report, written first, already says which; a write that fails
+/// anyway gets the report written again, as far as the disk allows (each file is replaced
+/// whole or not at all, so the first report stays intact).
+fn write_all(
+    output: &mut OutputDir,
+    mut report: Report,
+    mut profiles: Vec<Rendered>,
+) -> anyhow::Result<(Report, output::Written)> {
+    profiles.sort_by_key(|file| file.name.ends_with(".svg"));
+    // (file, why it was not written), as `Written::failed` has them.
+    let mut skipped: Vec<(String, String)> = Vec::new();
+    if let Some((free, block)) = output.room() {
+        let on_disk = |bytes: usize| (bytes as u64).div_ceil(block).max(1) * block;
+        // The report as it is now, and room for the lines this adds to it.
+        let reports: u64 =
+            output::render(&Artifact::Report(&report))?.iter().map(|f| on_disk(f.bytes.len()) + block).sum();
+        let mut left = free.saturating_sub(reports);
+        profiles.retain(|file| {
+            let needs = on_disk(file.bytes.len());
+            let fits = needs <= left;
+            if fits {
+                left -= needs;
+            } else {
+                let reason = format!(
+                    "it needs {} and {} had {} free",
+                    report::format::bytes(needs),
+                    output.path().display(),
+                    report::format::bytes(free)
+                );
+                skipped.push((file.name.clone(), reason));
+            }
+            fits
+        });
+    }
+    let planned: Vec<&str> = profiles.iter().map(|f| f.name.as_str()).collect();
+    report.run.outputs.retain(|name| name.starts_with("report.") || planned.contains(&name.as_str()));
+    report
+        .limitations
+        .extend(skipped.iter().map(|(name, reason)| format!("{name} could not be written: {reason}")));
+    let mut files = output::render(&Artifact::Report(&report))?;
+    files.extend(profiles);
+    let mut written = output.write(&files);
+    if !written.failed.is_empty() || !written.notes.is_empty() {
+        report.limitations.extend(written.notes.iter().cloned());
+        for (name, reason) in &written.failed {
+            report.limitations.push(format!("{name} could not be written: {reason}"));
+        }
+        report.run.outputs.retain(|name| written.written.contains(name));
+        let again = output.write(&output::render(&Artifact::Report(&report))?);
+        for name in again.written {
+            if !written.written.contains(&name) {
+                written.written.push(name.clone());
+                written.failed.retain(|(failed, _)| *failed != name);
+            }
+        }
+    }
+    written.failed.extend(skipped);
+    Ok((report, written))
+}
+
+/// How `-- CMD` ended, in words, and the exit code of sysprof's run: the command's own when it
+/// exited by itself; 128 + the signal when a signal to sysprof interrupted the run and sysprof
+/// ended the command; 0 when `--duration` ran out first.
+fn describe_end(end: &CommandEnd, ended_by: &EndReason) -> (String, u8) {
+    let own = end.status.map(launch::describe_exit);
+    let Some((signal, count)) = end.ended_by_sysprof else {
+        return own.unwrap_or_else(|| ("still running when the trace ended".into(), 0));
+    };
+    let code = match ended_by {
+        EndReason::Signal(interrupt) => interrupt.exit_code(),
+        _ => own.as_ref().filter(|_| !end.command_was_running).map_or(0, |(_, code)| *code),
+    };
+    let others = count - usize::from(end.command_was_running);
+    let why = match ended_by {
+        EndReason::Signal(signal) => signal.name().to_string(),
+        EndReason::Duration => "--duration".to_string(),
+        other => other.describe(),
+    };
+    let plural = |n: usize| if n == 1 { "process" } else { "processes" };
+    let text = if end.command_was_running {
+        let what = match others {
+            0 => "it".to_string(),
+            n => format!("it and the {n} {} it started", plural(n)),
+        };
+        format!(
+            "still running when the trace ended ({why}): sysprof ended {what} with {signal}; the command {}",
+            own.map_or("did not report its status".to_string(), |(text, _)| {
+                match text.strip_prefix("exit status ") {
+                    Some(code) => format!("exited with status {code}"),
+                    None => format!("was {text}"),
+                }
+            }),
+        )
+    } else {
+        format!(
+            "{}; sysprof ended the {others} {} it left running with {signal} when the trace ended ({why})",
+            own.map_or_else(String::new, |(text, _)| text),
+            plural(others),
+        )
+    };
+    (text, code)
+}
+
+/// What the uprobe tracers could not do, one line each, also said on the terminal: a probe
+/// that did not attach must not pass for a function that was never called.
+fn tracer_limitations(quiet: bool, calls: &UprobeTracers) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(tracer) = &calls.gpu {
+        lines.extend(tracer.problems.iter().cloned());
+        if tracer.libraries.is_empty() {
+            lines.push(
+                "no CUDA runtime, driver or NCCL library was mapped by the target: no GPU calls traced"
+                    .into(),
+            );
+        }
+    }
+    if let Some(heap) = &calls.heap {
+        lines.extend(heap.problems.iter().cloned());
+        if heap.allocators.is_empty() {
+            lines.push(
+                "--malloc: no allocator (libc, jemalloc, tcmalloc, mimalloc) was mapped by the target".into(),
+            );
+        }
+    }
+    lines.extend(calls.funcs.problems.iter().cloned());
+    lines.extend(calls.funcs.unresolved());
+    if !quiet {
+        for line in &lines {
+            say!("{line}");
+        }
+    }
+    lines
+}
+
+fn print_summary(
+    output: &OutputDir,
+    written: &output::Written,
+    removed: &[String],
+    report: &Report,
+    cpu_samples: u64,
+) {
+    let dir = output.path().display();
+    if let Some(status) = &report.run.command_status {
+        say!("command: {status}");
+    }
+    for note in &written.notes {
+        say!("{note}");
+    }
+    if !removed.is_empty() {
+        say!("removed the files of an earlier run that this one did not write: {}", removed.join(", "));
+    }
+    if !written.written.is_empty() {
+        let paths: Vec<String> = written.written.iter().map(|f| format!("{dir}/{f}")).collect();
+        stderr_line(format_args!(
+            "Wrote {} ({} samples, {} lost).",
+            paths.join(", "),
+            thousands(report.run.samples),
+            thousands(report.run.lost.total())
+        ));
+    }
+    if !written.failed.is_empty() {
+        return;
+    }
+    if cpu_samples > 0 {
+        stderr_line(format_args!(
+            "Open {dir}/cpu.svg in a browser; read {dir}/report.md for the hotspots and what to change first."
+        ));
+    } else {
+        stderr_line(format_args!(
+            "No on-CPU samples of the target: it did not run on a CPU while traced. See {dir}/report.md."
+        ));
+    }
+}

@@ -1,0 +1,145 @@
+//! The scheduler family's section of the report: CPU time, switches and run-queue latency per
+//! process, off-CPU time by reason and by stack (written as offcpu.folded and offcpu.svg).
+
+use std::fmt::Write as _;
+
+use super::{SchedDump, SchedReport, offcpu_reason, offcpu_samples, recommend::sched_recommendations};
+use crate::{
+    family::Analysis,
+    latency::format_ns,
+    output::markdown::{escape, table},
+    profile::{self, ResolvedStacks},
+    report::{Section, format::thousands},
+};
+
+/// Processes whose threads are listed.
+const THREAD_TABLES: usize = 3;
+
+/// The section and its recommendations; the off-CPU profile's files.
+pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
+    // Off-CPU time by stack, weighted in microseconds, with why the thread was off CPU as the
+    // first frame under the process.
+    let samples = offcpu_samples(dump);
+    let resolved = ResolvedStacks::resolve(&samples, &dump.stacks, cx.processes, cx.symbolizer);
+    let offcpu = profile::build(&samples, &resolved, cx.processes, "us", |sample, kernel| {
+        Some(format!("[{}]", offcpu_reason(sample.tag, kernel)))
+    });
+    let report = super::analyze(dump, &offcpu, cx.processes, cx.run.elapsed, cx.run.end_ns);
+    cx.recommendations.extend(sched_recommendations(&report, cx.run.cpus));
+    cx.add_profile("offcpu", "off-CPU (microseconds blocked)", offcpu);
+    report
+}
+
+impl Section for SchedReport {
+    fn json(&self) -> Vec<(&'static str, &dyn erased_serde::Serialize)> {
+        vec![("sched", self)]
+    }
+
+    fn markdown(&self, out: &mut String) {
+        markdown(out, self);
+    }
+}
+
+fn markdown(out: &mut String, sched: &SchedReport) {
+    let _ = writeln!(out, "### CPU overhead: scheduling\n");
+    let _ = writeln!(
+        out,
+        "Utilization is CPU time over wall time (above 1 when threads run in parallel); all target \
+         processes together: {:.2}. Voluntary switches are waits (sleep, I/O, locks); involuntary ones \
+         are preemptions. Run-queue latency is the time from runnable to running.\n",
+        sched.utilization
+    );
+    let rows: Vec<Vec<String>> = sched
+        .processes
+        .iter()
+        .map(|p| {
+            let runq = p
+                .runq_latency
+                .map(|r| format!("{} / {}", format_ns(r.p50_ns), format_ns(r.p99_ns)))
+                .unwrap_or_else(|| "-".into());
+            let reasons: Vec<String> = p
+                .offcpu_by_reason
+                .iter()
+                .take(3)
+                .map(|r| format!("{} {}", r.reason, format_ns((r.seconds * 1e9) as u64)))
+                .collect();
+            vec![
+                escape(&p.name),
+                p.pid.to_string(),
+                p.threads.to_string(),
+                format!("{:.2} s", p.cpu_time_s),
+                format!("{:.2} s", p.wall_s),
+                format!("{:.2}", p.utilization),
+                format!("{} ({:.0}/s)", thousands(p.voluntary_switches), p.voluntary_per_s),
+                format!("{} ({:.0}/s)", thousands(p.involuntary_switches), p.involuntary_per_s),
+                runq,
+                format!(
+                    "{}: {}",
+                    format_ns((p.offcpu_s * 1e9) as u64),
+                    if reasons.is_empty() { "-".into() } else { reasons.join(", ") }
+                ),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "Process",
+            "PID",
+            "Threads",
+            "CPU time",
+            "Wall",
+            "Utilization",
+            "Voluntary",
+            "Involuntary",
+            "Run queue p50 / p99",
+            "Off-CPU (by reason)",
+        ],
+        &rows,
+    );
+    for process in sched.processes.iter().take(THREAD_TABLES).filter(|p| p.threads > 1) {
+        let _ = writeln!(out, "Busiest threads of {} ({}):\n", escape(&process.name), process.pid);
+        let rows: Vec<Vec<String>> = process
+            .top_threads
+            .iter()
+            .map(|t| {
+                vec![
+                    escape(&t.name),
+                    t.tid.to_string(),
+                    format!("{:.2} s", t.cpu_time_s),
+                    format!("{:.2}", t.utilization),
+                    thousands(t.voluntary_switches),
+                    thousands(t.involuntary_switches),
+                    format!("{:.2} s", t.offcpu_s),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &["Thread", "TID", "CPU time", "Utilization", "Voluntary", "Involuntary", "Off-CPU"],
+            &rows,
+        );
+    }
+    if !sched.top_offcpu.is_empty() {
+        let _ = writeln!(out, "### Off-CPU: the longest waits\n");
+        let _ = writeln!(
+            out,
+            "Where target threads waited, by stack (offcpu.svg has them all, in microseconds).\n"
+        );
+        let rows: Vec<Vec<String>> = sched
+            .top_offcpu
+            .iter()
+            .map(|s| {
+                let tail: Vec<&str> = s.frames.iter().rev().take(4).rev().map(String::as_str).collect();
+                vec![
+                    escape(&s.process),
+                    s.reason.clone(),
+                    format_ns((s.seconds * 1e9) as u64),
+                    s.blocked_in.as_deref().map(|f| format!("`{}`", escape(f))).unwrap_or_else(|| "-".into()),
+                    escape(&tail.join(" > ")),
+                ]
+            })
+            .collect();
+        table(out, &["Process", "Reason", "Time", "Blocked in", "Innermost frames"], &rows);
+    }
+}

@@ -1,0 +1,83 @@
+//! The syscall family's section of the report: calls, failures and latency per process and
+//! syscall.
+
+use std::fmt::Write as _;
+
+use super::{SyscallDump, SyscallReport, recommend::syscall_recommendations};
+use crate::{
+    family::Analysis,
+    latency::format_ns,
+    output::markdown::{escape, table},
+    report::{
+        Section,
+        format::{percent, thousands},
+    },
+};
+
+/// Rows in the syscall table (report.json has them all).
+const SYSCALL_ROWS: usize = 25;
+
+/// The section and its recommendations.
+pub(crate) fn analyze(dump: &SyscallDump, cx: &mut Analysis<'_>) -> SyscallReport {
+    let report = super::analyze(dump, cx.processes, cx.run.elapsed);
+    cx.recommendations.extend(syscall_recommendations(&report));
+    report
+}
+
+impl Section for SyscallReport {
+    fn json(&self) -> Vec<(&'static str, &dyn erased_serde::Serialize)> {
+        vec![("syscalls", self)]
+    }
+
+    fn markdown(&self, out: &mut String) {
+        markdown(out, self);
+    }
+}
+
+fn markdown(out: &mut String, syscalls: &SyscallReport) {
+    let _ = writeln!(out, "### Syscalls\n");
+    let _ = writeln!(
+        out,
+        "{} calls, {} failed, {:.3} s in all. % of wall is the time in the syscall over the trace's wall \
+         time (threads add up). Counts and errors are exact; {} of the calls were timed one by one, the \
+         others' latency was sampled in bursts (see --time-every-syscall).\n",
+        thousands(syscalls.calls),
+        thousands(syscalls.errors),
+        syscalls.total_ns as f64 / 1e9,
+        percent(if syscalls.calls == 0 { 1.0 } else { syscalls.timed as f64 / syscalls.calls as f64 })
+    );
+    let rows: Vec<Vec<String>> = syscalls
+        .rows
+        .iter()
+        .take(SYSCALL_ROWS)
+        .map(|r| {
+            let errors = if r.errors == 0 {
+                "0".to_string()
+            } else {
+                let by: Vec<String> =
+                    r.errnos.iter().take(3).map(|e| format!("{} {}", e.errno, thousands(e.count))).collect();
+                format!("{} ({})", thousands(r.errors), by.join(", "))
+            };
+            vec![
+                escape(&r.process),
+                format!("`{}`", r.syscall),
+                thousands(r.calls),
+                errors,
+                format_ns(r.latency.total_ns),
+                format_ns(r.latency.p50_ns),
+                format_ns(r.latency.p90_ns),
+                format_ns(r.latency.p99_ns),
+                format_ns(r.latency.max_ns),
+                percent(r.share_of_wall),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &["Process", "Syscall", "Calls", "Errors", "Total", "p50", "p90", "p99", "Max", "% of wall"],
+        &rows,
+    );
+    if syscalls.rows.len() > SYSCALL_ROWS {
+        let _ = writeln!(out, "{} more rows in report.json.\n", syscalls.rows.len() - SYSCALL_ROWS);
+    }
+}
