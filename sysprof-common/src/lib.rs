@@ -4,7 +4,7 @@
 //! each is `#[repr(C)]` with explicit integer fields and no hidden padding: both sides must agree
 //! on every byte. Map names live here too, so the loader looks maps up by the same names the BPF
 //! side declares them with. One module per probe family, as in the BPF crate (`cpu`, `sched`,
-//! `syscalls`, `memory`, `calls`, `process`, and `histogram` which several share), each type with
+//! `signals` (with its own map names), `syscalls`, `memory`, `calls`, `process`, and `histogram` which several share), each type with
 //! its size check and `Pod` impl beside it (`shared!`); everything is re-exported here.
 #![no_std]
 
@@ -27,6 +27,7 @@ pub mod histogram;
 mod memory;
 mod process;
 mod sched;
+pub mod signals;
 mod syscalls;
 
 pub use self::{

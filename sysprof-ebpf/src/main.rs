@@ -22,6 +22,7 @@ mod memory;
 mod nesting;
 mod process;
 mod sched;
+mod signals;
 mod syscalls;
 mod target;
 mod task_state;

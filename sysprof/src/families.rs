@@ -11,6 +11,7 @@ use crate::{
     memory::probes::MemoryFamily,
     recording::ReportProps,
     sched::probes::SchedFamily,
+    signals::SignalFamily,
     syscalls::probes::SyscallFamily,
 };
 
@@ -22,6 +23,7 @@ pub(crate) fn enabled(props: &ReportProps) -> Vec<Box<dyn Family>> {
         vec![Box::new(CpuFamily::new(props.event, props.frequency_hz, on.cpu))];
     if on.sched {
         families.push(Box::new(SchedFamily::default()));
+        families.push(Box::new(SignalFamily::default()));
     }
     if on.syscalls {
         families.push(Box::new(SyscallFamily::default()));

@@ -7,7 +7,7 @@
 //!    writable), [`btf`] (kernel layouts the programs need);
 //! 2. load/attach: [`probes`] (the embedded BPF object, the generic loader), then every family
 //!    in the one list ([`families`]) through one interface ([`family::Family`]): [`cpu`],
-//!    [`sched`], [`syscalls`], [`memory`], [`gpu`], [`funcs`], each a folder;
+//!    [`sched`], [`signals`], [`syscalls`], [`memory`], [`gpu`], [`funcs`], each a folder;
 //!    [`launch`] (`-- CMD` held at a gate);
 //! 3. collect: [`collect`] (events, status line, the end of the trace), [`procs`] and
 //!    [`procmaps`] (memory maps kept for symbolization);
@@ -49,6 +49,7 @@ pub mod report;
 pub(crate) mod results;
 pub mod sched;
 pub(crate) mod selfcost;
+pub(crate) mod signals;
 pub(crate) mod symbolize;
 pub mod syscalls;
 pub mod target;
