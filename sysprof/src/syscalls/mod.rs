@@ -68,8 +68,17 @@ pub fn syscall_name(nr: u32) -> String {
     syscalls::Sysno::new(nr as usize).map(|s| s.name().to_string()).unwrap_or_else(|| format!("syscall_{nr}"))
 }
 
-/// "EBADF" for 9.
+/// "EBADF" for 9. The kernel's own restart codes (include/linux/errno.h), which a syscall
+/// interrupted by a signal returns at its exit before the kernel restarts it or turns them into
+/// EINTR, are named too.
 pub fn errno_name(errno: u32) -> String {
+    match errno {
+        512 => return "ERESTARTSYS".into(),
+        513 => return "ERESTARTNOINTR".into(),
+        514 => return "ERESTARTNOHAND".into(),
+        516 => return "ERESTART_RESTARTBLOCK".into(),
+        _ => {}
+    }
     match nix::errno::Errno::from_raw(errno as i32) {
         nix::errno::Errno::UnknownErrno => errno.to_string(),
         known => format!("{known:?}"),
@@ -154,5 +163,6 @@ mod tests {
         assert_eq!(errno_name(9), "EBADF");
         assert_eq!(errno_name(11), "EAGAIN");
         assert_eq!(errno_name(4000), "4000");
+        assert_eq!(errno_name(514), "ERESTARTNOHAND");
     }
 }
