@@ -90,30 +90,50 @@ pub fn call_return(ctx: RetProbeContext) -> u32 {
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let ret: u64 = ctx.ret();
-    let cookie = state.cookie;
-    let failed = if cookie & call::ERROR_IF_NEGATIVE != 0 {
+    let failed = call_failed(state.cookie, ret);
+    let duration = now.saturating_sub(state.start_ns);
+    let key = CallKey {
+        tgid: (pid_tgid >> 32) as u32,
+        func: (state.cookie & call::ID_MASK) as u32,
+        user_stack_id: state.user_stack_id,
+        _pad: 0,
+        detail: detail(state),
+        caller: state.caller,
+    };
+    count_call(&key, duration, failed);
+    if state.cookie & call::EVENT != 0 {
+        send_event(state, &key, pid_tgid as u32, ret, duration, failed);
+    }
+    0
+}
+
+/// Whether the call failed, by the convention its cookie names.
+#[inline(always)]
+fn call_failed(cookie: u64, ret: u64) -> bool {
+    if cookie & call::ERROR_IF_NEGATIVE != 0 {
         // A negative long, or a negative int (the upper half of the register is then zero).
         (ret as i64) < 0 || (ret >> 32 == 0 && (ret as i32) < 0)
     } else {
         ret as u32 != 0
-    };
-    let duration = now.saturating_sub(state.start_ns);
-    let detail = if cookie & call::DETAIL_ARG0 != 0 {
+    }
+}
+
+/// The argument the call is keyed by beside its site (a copy's kind, a kernel launched), or 0.
+#[inline(always)]
+fn detail(state: &CallInFlight) -> u64 {
+    if state.cookie & call::DETAIL_ARG0 != 0 {
         state.args[0]
-    } else if cookie & call::DETAIL_ARG1 != 0 {
+    } else if state.cookie & call::DETAIL_ARG1 != 0 {
         state.args[1]
     } else {
         0
-    };
-    let key = CallKey {
-        tgid: (pid_tgid >> 32) as u32,
-        func: (cookie & call::ID_MASK) as u32,
-        user_stack_id: state.user_stack_id,
-        _pad: 0,
-        detail,
-        caller: state.caller,
-    };
-    match stats_for(&key) {
+    }
+}
+
+/// Adds the call to its statistics in `CALLS`.
+#[inline(always)]
+fn count_call(key: &CallKey, duration: u64, failed: bool) {
+    match stats_for(key) {
         Some(stats) => {
             // SAFETY: map value pointer valid for this run.
             let stats = unsafe { &mut *stats };
@@ -124,33 +144,36 @@ pub fn call_return(ctx: RetProbeContext) -> u32 {
         }
         None => counters::add(Counter::CallsLost, 1),
     }
-    if cookie & call::EVENT != 0 {
-        let out = if cookie & call::OUT_ARG0 != 0 && !failed {
-            // SAFETY: the helper checks the user address.
-            unsafe { bpf_probe_read_user(state.args[0] as *const u64) }.unwrap_or(0)
-        } else {
-            0
-        };
-        match CALL_EVENTS.reserve::<CallEvent>(0) {
-            Some(mut entry) => {
-                entry.write(CallEvent {
-                    func: key.func,
-                    tgid: key.tgid,
-                    tid: pid_tgid as u32,
-                    user_stack_id: state.user_stack_id,
-                    start_ns: state.start_ns,
-                    duration_ns: duration,
-                    ret: ret as i64,
-                    args: state.args,
-                    out,
-                    caller: state.caller,
-                });
-                entry.submit(0);
-            }
-            None => counters::add(Counter::CallEventsLost, 1),
+}
+
+/// Sends the call with its arguments (and the pointer it wrote, for the calls that return one
+/// through their first argument) to userspace.
+#[inline(always)]
+fn send_event(state: &CallInFlight, key: &CallKey, tid: u32, ret: u64, duration: u64, failed: bool) {
+    let out = if state.cookie & call::OUT_ARG0 != 0 && !failed {
+        // SAFETY: the helper checks the user address.
+        unsafe { bpf_probe_read_user(state.args[0] as *const u64) }.unwrap_or(0)
+    } else {
+        0
+    };
+    match CALL_EVENTS.reserve::<CallEvent>(0) {
+        Some(mut entry) => {
+            entry.write(CallEvent {
+                func: key.func,
+                tgid: key.tgid,
+                tid,
+                user_stack_id: state.user_stack_id,
+                start_ns: state.start_ns,
+                duration_ns: duration,
+                ret: ret as i64,
+                args: state.args,
+                out,
+                caller: state.caller,
+            });
+            entry.submit(0);
         }
+        None => counters::add(Counter::CallEventsLost, 1),
     }
-    0
 }
 
 /// Argument `index` (0..8) of the probed function, by the platform's calling convention.

@@ -10,7 +10,11 @@ use aya_ebpf::{
 };
 use sysprof_common::{Counter, SampleKey, TASK_COMM_LEN, capacity};
 
-use crate::{atomic, counters, maps::{CPU_STACKS, stack_id_in}, target};
+use crate::{
+    atomic, counters,
+    maps::{CPU_STACKS, stack_id_in},
+    target,
+};
 
 /// Sample counts per key.
 #[map]

@@ -1,8 +1,10 @@
 //! sysprof's BPF programs, one file per probe family.
 //!
-//! Every program is a thin entry point around a `try_` function (errors are returned, never
-//! panicked: the verifier rejects panic paths). Programs aggregate in maps; only rare, rich events
-//! (process life cycle) go through a ring buffer. Shared types and map names are in
+//! Every program is a short entry point: it filters out what is not the target first, then
+//! calls its steps, each an `#[inline(always)]` function named for what it does (errors are
+//! returned, never panicked: the verifier rejects panic paths). Programs aggregate in maps; only
+//! rare, rich events (process life cycle, calls whose arguments matter) go through a ring
+//! buffer. Shared types and map names are in
 //! `sysprof-common`.
 #![no_std]
 #![no_main]

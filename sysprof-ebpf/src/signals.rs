@@ -32,6 +32,13 @@ pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
     if !target::is_current_target_cached(tgid) {
         return 0;
     }
+    count(&key_of(&ctx, tgid));
+    0
+}
+
+/// The signal, who sent it and the disposition it meets.
+#[inline(always)]
+fn key_of(ctx: &BtfTracePointContext, tgid: u32) -> SignalKey {
     let signal = ctx.arg::<u64>(0) as u32;
     let info: *const i32 = ctx.arg(1);
     let sigaction: *const u64 = ctx.arg(2);
@@ -41,7 +48,7 @@ pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
     let code = unsafe { bpf_probe_read_kernel(info.wrapping_add(2)) }.unwrap_or(SI_USER);
     // SAFETY: as above.
     let handler = unsafe { bpf_probe_read_kernel(sigaction) }.unwrap_or(0);
-    let key = SignalKey {
+    SignalKey {
         tgid,
         signal,
         origin: match code {
@@ -54,20 +61,27 @@ pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
             1 => action::IGNORED,
             _ => action::HANDLER,
         },
-    };
-    if let Some(count) = SIGNALS.get_ptr_mut(&key) {
+    }
+}
+
+/// Adds one to the key's count; a full map counts in `SIGNALS_LOST`.
+#[inline(always)]
+fn count(key: &SignalKey) {
+    if let Some(count) = SIGNALS.get_ptr_mut(key) {
         atomic::add(count, 1);
-    } else if SIGNALS.insert(&key, 1, BPF_NOEXIST as u64).is_err() {
-        // Another CPU inserted it first, or the map is full.
-        match SIGNALS.get_ptr_mut(&key) {
-            Some(count) => atomic::add(count, 1),
-            None => {
-                if let Some(lost) = SIGNALS_LOST.get_ptr_mut(0) {
-                    // SAFETY: a per-CPU slot, used by one program at a time on this CPU.
-                    unsafe { *lost += 1 };
-                }
+        return;
+    }
+    if SIGNALS.insert(key, 1, BPF_NOEXIST as u64).is_ok() {
+        return;
+    }
+    // Another CPU inserted it first, or the map is full.
+    match SIGNALS.get_ptr_mut(key) {
+        Some(count) => atomic::add(count, 1),
+        None => {
+            if let Some(lost) = SIGNALS_LOST.get_ptr_mut(0) {
+                // SAFETY: a per-CPU slot, used by one program at a time on this CPU.
+                unsafe { *lost += 1 };
             }
         }
     }
-    0
 }

@@ -64,7 +64,32 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     };
     // SAFETY: the per-CPU slot is only used by programs on this CPU, which do not nest.
     let slot = unsafe { &mut *slot };
-    let tid = pid_tgid as u32;
+    let (timed, weight) = timing(slot, pid_tgid as u32);
+    let nr: i64 = ctx.arg(1);
+    let args = if config().address_space != 0 && memory::address_space::is_address_space_call(nr as u32) {
+        memory::address_space::syscall_args(&ctx)
+    } else {
+        [0; 3]
+    };
+    slot.call = InFlight {
+        tgid,
+        nr: nr as u32,
+        // SAFETY: plain helper call.
+        start_ns: if timed { unsafe { bpf_ktime_get_ns() } } else { 0 },
+        weight,
+        active: 1,
+        from_block: 0,
+        _pad: 0,
+        args,
+    };
+    0
+}
+
+/// Whether thread `tid`'s call is timed, and how many calls its time stands for: every call,
+/// until the thread's stretch on this CPU passes `syscall_burst` calls; then 1 in
+/// `syscall_sample_every`, weighted by it.
+#[inline(always)]
+fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
     if slot.tid != tid {
         slot.tid = tid;
         slot.stretch_calls = 0;
@@ -75,24 +100,7 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     let every = config.syscall_sample_every.max(1);
     // SAFETY: plain helper call.
     let timed = !in_burst || unsafe { bpf_get_prandom_u32() } % every == 0;
-    let nr: i64 = ctx.arg(1);
-    let args = if config.address_space != 0 && memory::address_space::is_address_space_call(nr as u32) {
-        memory::address_space::syscall_args(&ctx)
-    } else {
-        [0; 3]
-    };
-    slot.call = InFlight {
-        tgid,
-        nr: nr as u32,
-        // SAFETY: plain helper call.
-        start_ns: if timed { unsafe { bpf_ktime_get_ns() } } else { 0 },
-        weight: if in_burst { every } else { 1 },
-        active: 1,
-        from_block: 0,
-        _pad: 0,
-        args,
-    };
-    0
+    (timed, if in_burst { every } else { 1 })
 }
 
 /// `sys_exit(struct pt_regs *regs, long ret)`

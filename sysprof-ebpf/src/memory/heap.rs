@@ -98,57 +98,71 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let ret: u64 = ctx.ret();
-    let ptr = match state.kind {
+    let ptr = returned_block(state, ctx.ret());
+    // realloc moved (or freed) the old block.
+    if state.kind == alloc::REALLOC && state.pointer != 0 && (ptr != 0 || state.size == 0) {
+        forget(tgid, state.pointer);
+    }
+    if ptr == 0 || !add_to_process(tgid, state.size) {
+        return 0;
+    }
+    let live =
+        LiveAlloc { size: state.size, caller: state.caller, user_stack_id: state.user_stack_id, _pad: 0 };
+    if LIVE_ALLOCS.insert(LiveKey { tgid, _pad: 0, ptr }, live, 0).is_err() {
+        counters::add(Counter::AllocsLost, 1);
+    }
+    add_to_site(AllocKey { tgid, user_stack_id: state.user_stack_id, caller: state.caller }, state.size);
+    0
+}
+
+/// The block the call returned (posix_memalign writes it through its first argument), or 0.
+#[inline(always)]
+fn returned_block(state: &AllocInFlight, ret: u64) -> u64 {
+    match state.kind {
         // SAFETY: the helper checks the user address.
         alloc::POSIX_MEMALIGN if ret as u32 == 0 => {
             unsafe { bpf_probe_read_user(state.pointer as *const u64) }.unwrap_or(0)
         }
         alloc::POSIX_MEMALIGN => 0,
         _ => ret,
-    };
-    // realloc moved (or freed) the old block.
-    if state.kind == alloc::REALLOC && state.pointer != 0 && (ptr != 0 || state.size == 0) {
-        forget(tgid, state.pointer);
     }
-    if ptr == 0 {
-        return 0;
-    }
+}
+
+/// Adds an allocation of `size` bytes to the process's totals; false when it has none (the map
+/// was full: counted as lost).
+#[inline(always)]
+fn add_to_process(tgid: u32, size: u64) -> bool {
     let Some(process) = process_allocs(tgid) else {
         counters::add(Counter::AllocsLost, 1);
-        return 0;
+        return false;
     };
     // SAFETY: map value pointer valid for this run.
     let process = unsafe { &mut *process };
     atomic::add(&raw mut process.allocs, 1);
-    atomic::add(&raw mut process.bytes, state.size);
-    atomic::add(&raw mut process.live, state.size);
+    atomic::add(&raw mut process.bytes, size);
+    atomic::add(&raw mut process.live, size);
     if process.live > process.peak_live {
         process.peak_live = process.live;
     }
-    record(&mut process.sizes, state.size);
-    let live =
-        LiveAlloc { size: state.size, caller: state.caller, user_stack_id: state.user_stack_id, _pad: 0 };
-    if LIVE_ALLOCS.insert(LiveKey { tgid, _pad: 0, ptr }, live, 0).is_err() {
-        counters::add(Counter::AllocsLost, 1);
-    }
-    let key = AllocKey { tgid, user_stack_id: state.user_stack_id, caller: state.caller };
+    record(&mut process.sizes, size);
+    true
+}
+
+/// Adds an allocation of `size` bytes to its call site's statistics.
+#[inline(always)]
+fn add_to_site(key: AllocKey, size: u64) {
     match ALLOC_STACKS.get_ptr_mut(key) {
         // SAFETY: map value pointer valid for this run.
         Some(stats) => unsafe {
             atomic::add(&raw mut (*stats).count, 1);
-            atomic::add(&raw mut (*stats).bytes, state.size);
+            atomic::add(&raw mut (*stats).bytes, size);
         },
         None => {
-            if ALLOC_STACKS
-                .insert(key, AllocStats { count: 1, bytes: state.size }, BPF_NOEXIST as u64)
-                .is_err()
-            {
+            if ALLOC_STACKS.insert(key, AllocStats { count: 1, bytes: size }, BPF_NOEXIST as u64).is_err() {
                 counters::add(Counter::AllocsLost, 1);
             }
         }
     }
-    0
 }
 
 #[uprobe]
