@@ -211,6 +211,8 @@ fn the_markdown_report_matches_its_golden_file() {
             frequency_hz: 99,
             cpus: 2,
             machine_busy_share: Some(0.52),
+            target_time_s: 3.004,
+            target_time: "the command's wall time".into(),
             samples: 297,
             lost: Lost { user_stacks: 2, ..Lost::default() },
             outputs: vec!["cpu.folded".into(), "cpu.svg".into(), "report.md".into(), "report.json".into()],
@@ -236,6 +238,8 @@ fn the_markdown_report_matches_its_golden_file() {
                         total_share: 1.0,
                     },
                 ],
+                probe_samples: 3,
+                cpu_s: 3.0,
             }),
             Box::new(sysprof::sched::SchedReport {
                 processes: vec![sysprof::sched::ProcessSched {
@@ -312,7 +316,8 @@ fn the_markdown_report_matches_its_golden_file() {
             Box::new(memory_section()),
         ]),
         recommendations: vec![Recommendation {
-            impact: 0.77,
+            seconds: 1.16,
+            impact: 0.386,
             title: "Optimize burn_hot (busy)".into(),
             evidence: "77.1% of on-CPU samples are in its own code".into(),
             action: "Start here".into(),

@@ -73,6 +73,10 @@ pub mod names {
     pub const THREAD_SCHED: &str = "THREAD_SCHED";
     /// Hash: tgid -> [`crate::LatencyHistogram`] of run-queue latency.
     pub const RUNQ_LATENCY: &str = "RUNQ_LATENCY";
+    /// Array of one `u64`: CLOCK_MONOTONIC when the switch program was attached, the start of
+    /// the on-CPU time of a thread first seen leaving a CPU (set by userspace just before the
+    /// attach, which comes well after `Config::start_ns`).
+    pub const SCHED_SINCE: &str = "SCHED_SINCE";
     /// Hash: [`crate::OffCpuKey`] -> [`crate::OffCpuValue`].
     pub const OFFCPU: &str = "OFFCPU";
     /// Task local storage of the scheduler and syscall programs (kernel side only).

@@ -39,6 +39,10 @@ static RUNQ_LATENCY: HashMap<u32, LatencyHistogram> =
 #[map]
 static OFFCPU: HashMap<OffCpuKey, OffCpuValue> = HashMap::with_max_entries(capacity::OFFCPU, 0);
 
+/// When the switch program was attached (see `sysprof_common::names::SCHED_SINCE`).
+#[map]
+static SCHED_SINCE: Array<u64> = Array::with_max_entries(1, 0);
+
 /// A zeroed histogram to insert from: too big for the BPF stack.
 #[map]
 static ZERO_HISTOGRAM: Array<LatencyHistogram> = Array::with_max_entries(1, 0);
@@ -73,7 +77,27 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     }
     // Preempted while runnable (0), or inside the kernel (TASK_REPORT_MAX): involuntary.
     let involuntary = prev_state == 0 || prev_state == TASK_REPORT_MAX;
-    let since = if state.switched_in_ns != 0 { state.switched_in_ns } else { config().start_ns };
+    let since = if state.switched_out_ns != 0 {
+        // Leaving a CPU again without having been seen to arrive: the kernel does not trace
+        // every switch in (from the idle task, on recent kernels). It came on after its wakeup,
+        // or, with none seen, just now; the time off the CPU until then is off-CPU time.
+        let came_on = match state.runnable_since_ns {
+            0 => now,
+            // max/min, not clamp: clamp's panic path is one the verifier rejects.
+            woken => woken.max(state.switched_out_ns).min(now),
+        };
+        let off = came_on.saturating_sub(state.switched_out_ns);
+        add_offcpu(state, off);
+        if let Some(thread) = thread_sched(state, false) {
+            thread.offcpu_ns += off;
+        }
+        came_on
+    } else if state.switched_in_ns != 0 {
+        state.switched_in_ns
+    } else {
+        // First seen leaving a CPU: on it since the attach at the latest.
+        SCHED_SINCE.get(0).copied().filter(|&t| t != 0).unwrap_or(config().start_ns)
+    };
     if let Some(thread) = thread_sched(state, true) {
         thread.oncpu_ns += now.saturating_sub(since);
         if involuntary {

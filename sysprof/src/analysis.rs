@@ -16,7 +16,9 @@ use crate::{
     procs::ProcessTable,
     readout::{Counters, MapReader},
     recording::{self, Recording, ReportProps},
-    report::{Instrumentation, Lost, Report, RunSummary, Section, Sections, format::thousands},
+    report::{
+        Instrumentation, Lost, Report, RunSummary, Section, Sections, format::thousands, recommendation,
+    },
     selfcost,
     symbolize::Symbolizer,
 };
@@ -123,12 +125,12 @@ pub(crate) fn analyze(
             places.push(index);
         }
     }
-    let Analysis { sections, mut recommendations, profiles, mut limitations, .. } = cx;
+    let Analysis { sections, recommendations, profiles, mut limitations, .. } = cx;
     let mut placed: Vec<(usize, Box<dyn Section>)> = places.into_iter().zip(sections.into_vec()).collect();
     placed.sort_by_key(|(index, _)| *index);
     let sections = Sections::new(placed.into_iter().map(|(_, section)| section).collect());
-    // Stable: equal impacts keep the families' order.
-    recommendations.sort_by(|a, b| b.impact.total_cmp(&a.impact));
+    let (target_time_s, target_time) = target_time(recording, &sections);
+    let recommendations = recommendation::rank(recommendations, target_time_s);
 
     // Rendered in memory, written after the report (see results::write_all).
     let mut files = Vec::new();
@@ -172,6 +174,8 @@ pub(crate) fn analyze(
             frequency_hz: props.frequency_hz,
             cpus: run.cpus,
             machine_busy_share: run.machine_busy_share,
+            target_time_s,
+            target_time,
             samples: shared.counters.get(Counter::CpuSamples),
             lost,
             outputs,
@@ -191,6 +195,21 @@ pub(crate) fn analyze(
         },
     };
     Ok(Analyzed { report, files, cpu_samples })
+}
+
+/// The target's time, which every recommendation is a share of: a launched command's wall time;
+/// for a pid or a system-wide trace, the seconds its threads were busy (on a CPU or held up),
+/// since an idle daemon's wall time would make every cost look small.
+fn target_time(recording: &Recording, sections: &Sections) -> (f64, String) {
+    let wall_s = recording.run.elapsed.as_secs_f64();
+    if recording.props.command.is_some() {
+        return (wall_s, "the command's wall time".into());
+    }
+    let busy = sections.iter().filter_map(|section| section.busy_s()).fold(0.0, f64::max);
+    (
+        busy.min(wall_s * f64::from(recording.run.cpus.max(1))),
+        "the seconds the target's threads were busy".into(),
+    )
 }
 
 /// The families' indices in the order they are analyzed: the list's, except that a family

@@ -56,6 +56,10 @@ impl EndReason {
 
 /// When to stop, besides a signal.
 pub struct StopPlan {
+    /// When the trace started: the command's release from its gate, or the end of the attach
+    /// for a pid or a system-wide trace. The trace's elapsed time and `--duration` count from
+    /// here, so a command's start-up is inside them.
+    pub started: Instant,
     pub duration: Option<Duration>,
     /// `-- CMD`: the trace lasts while it or any process it started runs.
     pub command: Option<CommandWatch>,
@@ -344,7 +348,7 @@ pub async fn collect(
     status: &StatusLine,
     quiet: bool,
 ) -> anyhow::Result<Collected> {
-    let started = Instant::now();
+    let started = plan.started;
     let mut stats_windows = StatsWindows::start(probes);
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged until the
     // AsyncFd (which owns the ring buffer) is dropped.

@@ -60,6 +60,13 @@ pub struct DetachReport {
     pub still_loaded: Vec<u32>,
 }
 
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
 /// How big the maps that depend on the run's options are.
 #[derive(Clone, Copy, Debug)]
 pub struct MapSizes {
@@ -175,6 +182,12 @@ impl Probes {
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         let _ = targets.remove(&pid);
         self.bump_targets_generation()
+    }
+
+    /// Sets entry `index` of the `u64` array `name`.
+    pub(crate) fn set_u64(&mut self, name: &str, index: u32, value: u64) -> anyhow::Result<()> {
+        let mut array: Array<&mut MapData, u64> = Array::try_from(self.map_mut(name)?)?;
+        array.set(index, value, 0).with_context(|| format!("writing map {name}"))
     }
 
     /// Tells the per-CPU target caches that the set changed.

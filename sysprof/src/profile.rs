@@ -130,6 +130,15 @@ impl ResolvedStacks {
         frames
     }
 
+    /// Only the user part of a sample's stack, outermost first (empty when there is none).
+    pub fn user_frames(&self, sample: &StackSample) -> &[Frame] {
+        u32::try_from(sample.user_stack_id)
+            .ok()
+            .and_then(|id| self.user.get(&(sample.tgid, id)))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
     /// Only the kernel part of a sample's stack.
     pub fn kernel_frames(&self, sample: &StackSample) -> &[Frame] {
         static LOST: std::sync::OnceLock<[Frame; 1]> = std::sync::OnceLock::new();
@@ -159,6 +168,11 @@ pub fn build(
         frames.extend(resolved.frames(sample));
         *merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default() += sample.weight;
     }
+    from_merged(merged, unit)
+}
+
+/// The profile of stacks merged by (process id, root label, frames), heaviest first.
+fn from_merged(merged: HashMap<(u32, String, Vec<Frame>), u64>, unit: &str) -> StackProfile {
     let mut stacks: Vec<WeightedStack> = merged
         .into_iter()
         .map(|((pid, process, frames), weight)| WeightedStack { pid, process, frames, weight })
@@ -176,7 +190,61 @@ pub fn cpu_profile(
     let stack_samples: Vec<StackSample> =
         samples.counts.iter().map(|(key, count)| sample_of(key, *count)).collect();
     let resolved = ResolvedStacks::resolve(&stack_samples, &samples.stacks, processes, symbolizer);
-    build(&stack_samples, &resolved, processes, "samples", |_, _| None)
+    let profile = build(&stack_samples, &resolved, processes, "samples", |_, _| None);
+    // Samples in sysprof's probes, merged into one `[sysprof probes]` frame where they start.
+    let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
+    for mut stack in profile.stacks {
+        label_probe_frames(&mut stack.frames);
+        *merged.entry((stack.pid, stack.process, stack.frames)).or_default() += stack.weight;
+    }
+    from_merged(merged, &profile.unit)
+}
+
+/// The frame that stands for the kernel code that runs only because sysprof's probes are
+/// attached: its cost, never the target's.
+pub const SYSPROF_PROBES: &str = "[sysprof probes]";
+
+/// Kernel functions that run only for attached probes: the syscall tracepoints' slow path, the
+/// software perf events (page faults), the uprobe traps (the breakpoint, the single step of the
+/// displaced instruction) and return trampoline, BPF itself. A target under a debugger also
+/// takes breakpoint traps; sysprof does not tell those apart.
+const PROBE_ENTRIES: [&str; 14] = [
+    "asm_exc_int3",
+    "asm_exc_debug",
+    "syscall_trace_enter",
+    "syscall_exit_work",
+    "trace_call_bpf",
+    "perf_swevent_event",
+    "___perf_sw_event",
+    "__perf_sw_event",
+    "perf_tp_event",
+    "uprobe_notify_resume",
+    "handle_swbp",
+    "__x64_sys_uretprobe",
+    "uprobe_handle_trampoline",
+    "__bpf_prog_run",
+];
+
+/// Kernel work that goes through the same entry points for someone else (seccomp filters, the
+/// audit subsystem): left as it is.
+const NOT_PROBES: [&str; 2] = ["secure_computing", "audit"];
+
+/// Replaces the frames from the first probe frame inward (outermost first: a kernel probe entry
+/// point, or the uprobes' out-of-line area in user memory, `[uprobes]`) with one
+/// [`SYSPROF_PROBES`] frame: an on-CPU sample there is sysprof's cost.
+fn label_probe_frames(frames: &mut Vec<Frame>) {
+    let is_probe = |f: &Frame| {
+        (f.is_kernel() && PROBE_ENTRIES.iter().any(|p| f.function.starts_with(p)))
+            || (!f.is_kernel() && f.function.contains("\"uprobes\")"))
+    };
+    let Some(entry) = frames.iter().position(is_probe) else {
+        return;
+    };
+    if frames[entry..].iter().any(|f| NOT_PROBES.iter().any(|n| f.function.contains(n))) {
+        return;
+    }
+    frames.truncate(entry);
+    frames.push(Frame { function: SYSPROF_PROBES.into(), module: "sysprof".into() });
 }
 
 fn sample_of(key: &SampleKey, count: u64) -> StackSample {
@@ -276,14 +344,26 @@ mod tests {
         assert_eq!(profile.total(), 7);
     }
 
+    /// Kernel frames with these names, outermost first.
+    fn kernel(names: &[&str]) -> Vec<Frame> {
+        names.iter().map(|n| Frame { function: n.to_string(), module: Frame::KERNEL_MODULE.into() }).collect()
+    }
+
+    #[test]
+    fn probe_frames_are_sysprofs() {
+        let mut frames =
+            kernel(&["entry_SYSCALL_64", "do_syscall_64", "syscall_exit_work", "__bpf_prog_run"]);
+        label_probe_frames(&mut frames);
+        assert_eq!(frames[..2], kernel(&["entry_SYSCALL_64", "do_syscall_64"])[..]);
+        assert_eq!(frames[2].function, SYSPROF_PROBES);
+        assert_eq!(frames.len(), 3);
+        let mut seccomp = kernel(&["do_syscall_64", "syscall_trace_enter", "__secure_computing"]);
+        label_probe_frames(&mut seccomp);
+        assert_eq!(seccomp.len(), 3, "seccomp's filter is not sysprof's");
+    }
+
     #[test]
     fn tracing_glue_is_cut_from_kernel_stacks() {
-        let kernel = |names: &[&str]| -> Vec<Frame> {
-            names
-                .iter()
-                .map(|n| Frame { function: n.to_string(), module: Frame::KERNEL_MODULE.into() })
-                .collect()
-        };
         let mut frames =
             kernel(&["do_nanosleep", "schedule", "__schedule", "bpf_trace_run4", "__stop_runtime_ptr"]);
         without_tracing_glue(&mut frames);

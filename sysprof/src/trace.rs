@@ -20,7 +20,7 @@ use crate::{
     memory::{self, heap::HeapTracer},
     output::OutputDir,
     privileges,
-    probes::{MapSizes, Probes},
+    probes::{MapSizes, Probes, monotonic_ns},
     procs::{self, ProcessTable},
     recording::ReportProps,
     results::{Results, TraceOutcome},
@@ -155,13 +155,6 @@ fn kernel_config(
     kernel
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
-
 async fn run(
     config: TraceConfig,
     props: ReportProps,
@@ -270,6 +263,7 @@ async fn run(
     }
     tracers.funcs.attach_ready(&mut probes, &processes);
     let ticks_at_start = CpuTicks::now();
+    let started = std::time::Instant::now();
     let command = match gated {
         // Interrupted while the probes were attached: the command never starts (dropping the
         // gate ends the child before it runs anything), and nothing was traced.
@@ -315,6 +309,7 @@ async fn run(
     }
     let status = StatusLine::new(config.quiet);
     let plan = StopPlan {
+        started,
         duration: config.duration,
         command,
         stop_when_targets_exit: matches!(config.target, Target::Pids(_)),

@@ -13,6 +13,9 @@
 //                                 uprobe benchmark's timer)
 //   sysload lockstorm THREADS SECONDS
 //                                 THREADS threads fighting over one mutex in contended_worker
+//   sysload lockedsleep THREADS SECONDS
+//                                 THREADS threads that each hold one mutex across a 500 us
+//                                 sleep in sleep_holding_lock (a lock held across I/O)
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -pthread -o sysload sysload.c
 #define _GNU_SOURCE
@@ -63,6 +66,16 @@ __attribute__((noinline)) static void *contended_worker(void *arg) {
         take_lock();
         // Hold the lock long enough that the others queue up behind it.
         for (int i = 0; i < 20000; i++) shared_counter += i;
+        pthread_mutex_unlock(&lock);
+    }
+    return NULL;
+}
+
+__attribute__((noinline)) static void *sleep_holding_lock(void *arg) {
+    (void)arg;
+    while (now() < lock_deadline) {
+        take_lock();
+        usleep(500);
         pthread_mutex_unlock(&lock);
     }
     return NULL;
@@ -142,12 +155,13 @@ int main(int argc, char **argv) {
         printf("ns_per_call=%.2f\n", elapsed * 1e9 / n);
         return 0;
     }
-    if (strcmp(mode, "lockstorm") == 0 && argc >= 4) {
+    if ((strcmp(mode, "lockstorm") == 0 || strcmp(mode, "lockedsleep") == 0) && argc >= 4) {
         int threads = atoi(argv[2]);
         lock_deadline = now() + atof(argv[3]);
+        void *(*worker)(void *) = strcmp(mode, "lockstorm") == 0 ? contended_worker : sleep_holding_lock;
         pthread_t ids[64];
         if (threads > 64) threads = 64;
-        for (int t = 0; t < threads; t++) pthread_create(&ids[t], NULL, contended_worker, NULL);
+        for (int t = 0; t < threads; t++) pthread_create(&ids[t], NULL, worker, NULL);
         for (int t = 0; t < threads; t++) pthread_join(ids[t], NULL);
         return 0;
     }

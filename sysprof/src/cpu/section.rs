@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::{
     CpuSamples,
     hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
-    recommend::cpu_recommendations,
+    recommend::{CpuFacts, cpu_recommendations, probe_samples},
 };
 use crate::{
     family::Analysis,
@@ -30,6 +30,11 @@ pub struct CpuSection {
     pub processes: Vec<ProcessShare>,
     /// Functions by self share of on-CPU samples.
     pub hotspots: Vec<Hotspot>,
+    /// Samples in sysprof's own probes (`[sysprof probes]` frames): sysprof's cost, left out of
+    /// the advice.
+    pub probe_samples: u64,
+    /// CPU seconds of the target, from its samples (the idle loop left out).
+    pub cpu_s: f64,
 }
 
 impl CpuSection {
@@ -43,8 +48,21 @@ impl CpuSection {
 pub(crate) fn analyze(samples: &CpuSamples, sampled: bool, cx: &mut Analysis<'_>) -> CpuSection {
     let profile = profile::cpu_profile(samples, cx.processes, cx.symbolizer);
     let hotspots = hotspots(&profile, HOTSPOTS);
-    cx.recommendations.extend(cpu_recommendations(&profile, &hotspots));
-    let section = CpuSection { processes: process_shares(&profile), hotspots };
+    let facts = CpuFacts {
+        frequency_hz: cx.props.frequency_hz,
+        wall_s: cx.wall_s(),
+        syscalls_traced: cx.props.families.syscalls,
+    };
+    let (recommendations, limitations) = cpu_recommendations(&profile, &facts);
+    cx.recommendations.extend(recommendations);
+    cx.limitations.extend(limitations);
+    let cpu_s = super::recommend::busy(&profile).total() as f64 / cx.props.frequency_hz.max(1) as f64;
+    let section = CpuSection {
+        processes: process_shares(&profile),
+        hotspots,
+        probe_samples: probe_samples(&profile),
+        cpu_s,
+    };
     if sampled {
         cx.add_profile("cpu", "on-CPU", profile);
     }
@@ -58,6 +76,10 @@ impl Section for CpuSection {
 
     fn markdown(&self, out: &mut String) {
         markdown(out, self);
+    }
+
+    fn busy_s(&self) -> Option<f64> {
+        Some(self.cpu_s)
     }
 }
 
@@ -81,6 +103,15 @@ fn markdown(out: &mut String, cpu: &CpuSection) {
         "Self: samples in the function's own code. Total: samples in it or in what it calls. \
          The flamegraph is cpu.svg.\n"
     );
+    if cpu.probe_samples > 0 {
+        let _ = writeln!(
+            out,
+            "{} samples ({}) were in sysprof's own probes (`[sysprof probes]`: the syscall tracepoints, \
+             the page-fault events, the uprobe traps): sysprof's cost, left out of the advice.\n",
+            thousands(cpu.probe_samples),
+            percent(cpu.probe_samples as f64 / cpu.samples().max(1) as f64)
+        );
+    }
     let rows: Vec<Vec<String>> = cpu
         .hotspots
         .iter()

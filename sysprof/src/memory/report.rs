@@ -389,6 +389,9 @@ const MAJOR_FAULT_S: f64 = 100e-6;
 /// Fault rates past which faults are worth attention.
 const FAULT_STORM_PER_S: f64 = 20_000.0;
 const MAJOR_STORM_PER_S: f64 = 50.0;
+/// Fewer faults than these are no storm whatever the rate (a short program's start-up).
+const STORM_FAULTS: u64 = 2_000;
+const STORM_MAJOR_FAULTS: u64 = 20;
 /// Allocation rate past which pooling pays, and a typical allocator call's cost.
 const CHURN_PER_S: f64 = 200_000.0;
 const ALLOCATION_S: f64 = 60e-9;
@@ -400,30 +403,40 @@ const BOTH_SIDES_WORTH_FREEING: u64 = 64 << 20;
 pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64) -> Vec<Recommendation> {
     let wall_s = wall_s.max(1e-9);
     let mut out = Vec::new();
-    for range in memory.copied_ranges.iter().filter(|r| r.copies >= 3).take(3) {
+    let recopied: Vec<&CopiedRange> = memory.copied_ranges.iter().filter(|r| r.copies >= 3).collect();
+    if let Some(top) = recopied.iter().max_by_key(|r| r.recopied) {
         // Without a measured bandwidth, assume PCIe 4.0 x16's practical 25 GB/s.
-        let seconds = range.recopied as f64 / (h2d_gb_s.unwrap_or(25.0) * 1e9);
-        out.push(Recommendation {
-            impact: (seconds / wall_s).min(1.0),
-            title: "Keep data that is copied to the GPU again and again on the GPU".into(),
-            evidence: format!(
-                "the same {} host range was copied host-to-device {} times ({} moved again), from {}",
-                bytes(range.bytes),
-                range.copies,
-                bytes(range.recopied),
-                range.call_site
+        let again: u64 = recopied.iter().map(|r| r.recopied).sum();
+        let seconds = again as f64 / (h2d_gb_s.unwrap_or(25.0) * 1e9);
+        out.push(Recommendation::new(
+            seconds,
+            "Keep data that is copied to the GPU again and again on the GPU",
+            format!(
+                "{} host ranges were each copied host-to-device 3 times or more ({} moved again, ~{seconds:.2} \
+                 s of copying); the largest, {} from {}, {} times. If they hold the same data each time \
+                 (constant inputs, weights), the copies after the first are waste; a staging buffer refilled \
+                 with new data is not",
+                recopied.len(),
+                bytes(again),
+                bytes(top.bytes),
+                top.call_site,
+                top.copies
             ),
-            action: "Copy it once and reuse the device copy: cache constant inputs and weights on the \
-                     device, move the copy out of the loop"
-                .into(),
-        });
+            "Copy it once and reuse the device copy: cache constant inputs and weights on the device, move \
+             the copy out of the loop",
+        ));
     }
     let both: u64 = memory.copied_ranges.iter().filter(|r| r.on_both_sides).map(|r| r.bytes).sum();
     if both >= BOTH_SIDES_WORTH_FREEING {
         out.push(Recommendation {
-            impact: 0.01,
+            // Memory, not time: listed last, at the smallest share worth a line.
+            seconds: crate::report::recommendation::WORTH_A_LINE * wall_s,
+            impact: 0.0,
             title: "Free host copies of data that lives on the GPU".into(),
-            evidence: format!("{} copied to a GPU is still allocated on the host too", bytes(both)),
+            evidence: format!(
+                "{} copied to a GPU is still allocated on the host too (memory, not time)",
+                bytes(both)
+            ),
             action: "Release the host buffer once the device copy exists, or stage through one reused \
                      pinned buffer"
                 .into(),
@@ -431,12 +444,15 @@ pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64
     }
     for process in &memory.processes {
         let major_per_s = process.major_faults as f64 / wall_s;
-        if process.faults_per_s < FAULT_STORM_PER_S && major_per_s < MAJOR_STORM_PER_S {
+        let minor_storm = process.faults_per_s >= FAULT_STORM_PER_S
+            && process.minor_faults + process.major_faults >= STORM_FAULTS;
+        let major_storm = major_per_s >= MAJOR_STORM_PER_S && process.major_faults >= STORM_MAJOR_FAULTS;
+        if !minor_storm && !major_storm {
             continue;
         }
         let seconds =
             process.minor_faults as f64 * MINOR_FAULT_S + process.major_faults as f64 * MAJOR_FAULT_S;
-        let (title, action) = if major_per_s >= MAJOR_STORM_PER_S {
+        let (title, action) = if major_storm {
             (
                 format!("Major page faults in {}: it waits for the disk", process.name),
                 "Keep the working set in memory: more RAM or a smaller footprint, mlock hot data, \
@@ -451,7 +467,8 @@ pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64
             )
         };
         out.push(Recommendation {
-            impact: (seconds / wall_s).min(1.0),
+            seconds,
+            impact: 0.0,
             title,
             evidence: format!(
                 "{:.0} page faults/s ({} minor, {} major), about {:.2} s of fault handling",
@@ -468,7 +485,8 @@ pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64
             continue;
         }
         out.push(Recommendation {
-            impact: (heap.allocations as f64 * ALLOCATION_S / wall_s).min(1.0),
+            seconds: heap.allocations as f64 * ALLOCATION_S,
+            impact: 0.0,
             title: format!("Allocation churn in {}", process.name),
             evidence: format!("{:.0} allocations/s, median {}", heap.allocations_per_s, bytes(heap.size_p50)),
             action: "Reuse buffers (object pools, arenas, reserve() on vectors) in the allocation sites \

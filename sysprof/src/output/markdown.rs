@@ -6,7 +6,11 @@
 use std::fmt::Write as _;
 
 use super::{Artifact, Rendered, Sink};
-use crate::report::{Lost, Report, format::thousands};
+use crate::report::{
+    Lost, Report,
+    format::{percent, seconds, thousands},
+    recommendation::WORTH_A_LINE,
+};
 
 pub struct MarkdownReport;
 
@@ -51,6 +55,7 @@ fn run_summary(out: &mut String, report: &Report) {
             "Sampling".into(),
             format!("{} at {} Hz per CPU, {} CPUs", run.event, run.frequency_hz, run.cpus),
         ],
+        vec!["Target time".into(), format!("{:.2} s ({})", run.target_time_s, run.target_time)],
         vec!["Samples".into(), thousands(run.samples)],
         vec![
             "Machine CPU".into(),
@@ -91,18 +96,40 @@ fn lost(lost: &Lost) -> String {
 }
 
 fn recommendations(out: &mut String, report: &Report) {
-    let _ = writeln!(out, "### Recommendations, ranked by expected impact\n");
+    let run = &report.run;
+    let _ = writeln!(out, "### Recommendations, ranked by the time they could win back\n");
     if report.recommendations.is_empty() {
-        let _ = writeln!(out, "Nothing stands out: no single function or cost dominates.\n");
+        let worth = percent(WORTH_A_LINE);
+        let _ = match run.command {
+            Some(_) => writeln!(
+                out,
+                "Nothing stands out: no cost sysprof can see would win back {worth} of the command's {:.2} s.\n",
+                run.target_time_s
+            ),
+            None => writeln!(
+                out,
+                "Nothing stands out: the target's threads were busy {:.2} s in the {:.2} s trace ({} of the \
+                 CPU time available), and no cost sysprof can see would win back {worth} of that.\n",
+                run.target_time_s,
+                run.duration_s,
+                percent(run.target_time_s / (run.duration_s * f64::from(run.cpus.max(1))).max(1e-9))
+            ),
+        };
         return;
     }
+    let _ = writeln!(
+        out,
+        "Each is what the change could win back, in seconds of the target's time ({}: {:.2} s).\n",
+        run.target_time, run.target_time_s
+    );
     for (rank, rec) in report.recommendations.iter().enumerate() {
         let _ = writeln!(
             out,
-            "{}. **{}** (impact ~{:.0}% of measured time). {}. {}.",
+            "{}. **{}** (~{}, {}). {}. {}.",
             rank + 1,
             escape(&rec.title),
-            rec.impact * 100.0,
+            seconds(rec.seconds),
+            percent(rec.impact),
             rec.evidence,
             rec.action
         );

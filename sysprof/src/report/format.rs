@@ -19,6 +19,15 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// A time a recommendation could win back: "1.23 s", "0.45 s", "3.2 ms", "80 µs".
+pub fn seconds(s: f64) -> String {
+    match s {
+        s if s >= 0.1 => format!("{s:.2} s"),
+        s if s >= 0.001 => format!("{:.1} ms", s * 1e3),
+        s => format!("{:.0} µs", s * 1e6),
+    }
+}
+
 /// "1.5 MiB".
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -40,6 +49,14 @@ mod tests {
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(4096), "4.0 KiB");
         assert_eq!(bytes(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn seconds_read_naturally() {
+        assert_eq!(seconds(1.234), "1.23 s");
+        assert_eq!(seconds(0.746), "0.75 s");
+        assert_eq!(seconds(0.0032), "3.2 ms");
+        assert_eq!(seconds(0.00008), "80 µs");
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub struct RunSummary {
     pub cpus: u32,
     /// Share of all CPUs' time that was busy during the trace, machine-wide (/proc/stat).
     pub machine_busy_share: Option<f64>,
+    /// The target's time every recommendation's seconds are a share of: the command's wall
+    /// time, or for a pid or a system-wide trace the seconds its threads were busy.
+    pub target_time_s: f64,
+    /// What `target_time_s` is, in words.
+    pub target_time: String,
     pub samples: u64,
     pub lost: Lost,
     /// Files written, relative to the output directory.

@@ -10,8 +10,15 @@ pub trait Section: Any + Debug + Send + Sync {
     /// two, `processes` and `hotspots`).
     fn json(&self) -> Vec<(&'static str, &dyn erased_serde::Serialize)>;
 
-    /// Its part of report.md (see `report::markdown` for the tables and escaping it writes with).
+    /// Its part of report.md (`output::markdown` has the tables and escaping it writes with).
     fn markdown(&self, out: &mut String);
+
+    /// The seconds the target's threads were busy (on a CPU, or held up: waiting for a CPU, a
+    /// lock, the disk), when this section knows: the time a pid's or a system-wide trace's
+    /// recommendations are shares of. The largest any section gives is taken.
+    fn busy_s(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// The sections of one report, in report order.

@@ -87,16 +87,37 @@ pub struct OffCpuStack {
     pub frames: Vec<String>,
 }
 
-/// Why a thread left the CPU, from its state and where in the kernel it stopped.
-pub fn offcpu_reason(state: u32, kernel: &[Frame]) -> &'static str {
+/// Waits that hold a thread up (the time is lost to the target), as opposed to waits for work
+/// (a sleep, an event loop's epoll_wait, a condition variable, a join): those are idle, never a
+/// bottleneck.
+pub const HELD_UP: [&str; 4] =
+    ["preempted", "lock contention", "disk/uninterruptible I/O", "pipe/socket I/O"];
+
+/// Why a thread was off CPU, from its state at the switch (`sched_switch` prev_state), its
+/// kernel frames and the innermost of its user frames (the one that made the call, exact even
+/// through code built without frame pointers).
+pub fn offcpu_reason(state: u32, kernel: &[Frame], user: &[Frame]) -> &'static str {
     const UNINTERRUPTIBLE: u32 = 0x2;
     const STOPPED: u32 = 0x4 | 0x8;
+    /// TASK_NOLOAD: with UNINTERRUPTIBLE, TASK_IDLE, a kernel thread parked until work comes.
+    const NOLOAD: u32 = 0x400;
     if state == 0 || state == TASK_REPORT_MAX {
         return "preempted";
     }
+    if state & NOLOAD != 0 {
+        return "idle (waiting for work)";
+    }
     let any = |needles: &[&str]| kernel.iter().any(|f| needles.iter().any(|n| f.function.contains(n)));
     if any(&["futex"]) {
-        "futex/lock"
+        // The futex word is a mutex's when the call comes from a lock's slow path (glibc's
+        // __lll_lock_wait, pthread_mutex_lock, Rust's lock_contended, rwlocks); otherwise it is a
+        // condition variable, a join or a semaphore: waiting for another thread or for work.
+        let caller = user.last().map(|f| f.function.to_ascii_lowercase()).unwrap_or_default();
+        if caller.contains("lock") && !caller.contains("unlock") {
+            "lock contention"
+        } else {
+            "futex wait (condition, join, semaphore)"
+        }
     } else if any(&["nanosleep", "hrtimer_sleep", "do_nanosleep", "schedule_timeout"])
         && state & UNINTERRUPTIBLE == 0
     {
@@ -277,18 +298,30 @@ mod tests {
 
     #[test]
     fn reasons_from_state_and_kernel_stack() {
-        assert_eq!(offcpu_reason(0, &kernel(&["schedule"])), "preempted");
-        assert_eq!(offcpu_reason(TASK_REPORT_MAX, &[]), "preempted");
-        assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait", "schedule"])), "futex/lock");
+        assert_eq!(offcpu_reason(0, &kernel(&["schedule"]), &[]), "preempted");
+        assert_eq!(offcpu_reason(TASK_REPORT_MAX, &[], &[]), "preempted");
         assert_eq!(
-            offcpu_reason(1, &kernel(&["__x64_sys_clock_nanosleep", "do_nanosleep", "schedule"])),
+            offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait", "schedule"]), &[]),
+            "futex wait (condition, join, semaphore)"
+        );
+        let caller = [Frame { function: "__GI___lll_lock_wait".into(), module: "libc.so.6".into() }];
+        assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait"]), &caller), "lock contention");
+        assert_eq!(offcpu_reason(0x402, &kernel(&["kthread", "schedule"]), &[]), "idle (waiting for work)");
+        assert_eq!(
+            offcpu_reason(1, &kernel(&["__x64_sys_clock_nanosleep", "do_nanosleep", "schedule"]), &[]),
             "sleep"
         );
-        assert_eq!(offcpu_reason(1, &kernel(&["do_epoll_wait", "ep_poll", "schedule"])), "poll/epoll wait");
-        assert_eq!(offcpu_reason(1, &kernel(&["ksys_read", "pipe_read", "schedule"])), "pipe/socket I/O");
-        assert_eq!(offcpu_reason(2, &kernel(&["io_schedule"])), "disk/uninterruptible I/O");
-        assert_eq!(offcpu_reason(1, &kernel(&["do_wait", "schedule"])), "waiting for a child");
-        assert_eq!(offcpu_reason(1, &[]), "other sleep");
+        assert_eq!(
+            offcpu_reason(1, &kernel(&["do_epoll_wait", "ep_poll", "schedule"]), &[]),
+            "poll/epoll wait"
+        );
+        assert_eq!(
+            offcpu_reason(1, &kernel(&["ksys_read", "pipe_read", "schedule"]), &[]),
+            "pipe/socket I/O"
+        );
+        assert_eq!(offcpu_reason(2, &kernel(&["io_schedule"]), &[]), "disk/uninterruptible I/O");
+        assert_eq!(offcpu_reason(1, &kernel(&["do_wait", "schedule"]), &[]), "waiting for a child");
+        assert_eq!(offcpu_reason(1, &[], &[]), "other sleep");
     }
 
     #[test]

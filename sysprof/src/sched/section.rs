@@ -22,10 +22,10 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
     let samples = offcpu_samples(dump);
     let resolved = ResolvedStacks::resolve(&samples, &dump.stacks, cx.processes, cx.symbolizer);
     let offcpu = profile::build(&samples, &resolved, cx.processes, "us", |sample, kernel| {
-        Some(format!("[{}]", offcpu_reason(sample.tag, kernel)))
+        Some(format!("[{}]", offcpu_reason(sample.tag, kernel, resolved.user_frames(sample))))
     });
     let report = super::analyze(dump, &offcpu, cx.processes, cx.run.elapsed, cx.run.end_ns);
-    cx.recommendations.extend(sched_recommendations(&report, cx.run.cpus));
+    cx.recommendations.extend(sched_recommendations(&report, cx.run.cpus, cx.run.machine_busy_share));
     cx.add_profile("offcpu", "off-CPU (microseconds blocked)", offcpu);
     report
 }
@@ -37,6 +37,17 @@ impl Section for SchedReport {
 
     fn markdown(&self, out: &mut String) {
         markdown(out, self);
+    }
+
+    fn busy_s(&self) -> Option<f64> {
+        let held_up = |p: &super::ProcessSched| -> f64 {
+            p.offcpu_by_reason
+                .iter()
+                .filter(|r| super::HELD_UP.contains(&r.reason.as_str()))
+                .map(|r| r.seconds)
+                .sum()
+        };
+        Some(self.processes.iter().map(|p| p.cpu_time_s + held_up(p)).sum())
     }
 }
 

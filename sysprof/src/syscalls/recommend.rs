@@ -1,4 +1,5 @@
-//! What the syscall figures recommend: small and frequent calls, failing calls.
+//! What the syscall figures recommend: small and frequent calls, failing calls, each in
+//! seconds of the target's time (the time in those calls that the change saves).
 
 use super::SyscallReport;
 use crate::{
@@ -14,44 +15,47 @@ const IO_SYSCALLS: [&str; 12] = [
 /// "Small and frequent": median latency under this, more calls per second than this.
 const TINY_CALL_NS: u64 = 10_000;
 const FREQUENT_PER_S: f64 = 1_000.0;
+/// What batching small calls into ones ten times larger saves of their time.
+const BATCHING_WIN: f64 = 0.9;
+/// Calls whose "errors" are not theirs: rt_sigreturn returns the interrupted call's result, and
+/// uretprobe is sysprof's own return probe.
+const NOT_FAILURES: [&str; 2] = ["rt_sigreturn", "uretprobe"];
 
 pub fn syscall_recommendations(syscalls: &SyscallReport) -> Vec<Recommendation> {
     let mut recommendations = Vec::new();
     for row in &syscalls.rows {
-        let share = row.share_of_wall.min(1.0);
+        let total_s = row.latency.total_ns as f64 / 1e9;
         if IO_SYSCALLS.contains(&row.syscall.as_str())
             && row.calls_per_s >= FREQUENT_PER_S
             && row.latency.p50_ns < TINY_CALL_NS
         {
-            recommendations.push(Recommendation {
-                impact: share * 0.5,
-                title: format!("Batch small {} calls in {}", row.syscall, row.process),
-                evidence: format!(
-                    "{} calls ({:.0}/s), median {}, {:.2} s in all",
+            recommendations.push(Recommendation::new(
+                total_s * BATCHING_WIN,
+                format!("Batch small {} calls in {}", row.syscall, row.process),
+                format!(
+                    "{} calls ({:.0}/s), median {}, {total_s:.2} s in all",
                     thousands(row.calls),
                     row.calls_per_s,
                     format_ns(row.latency.p50_ns),
-                    row.latency.total_ns as f64 / 1e9
                 ),
-                action: "Buffer: fewer, larger reads and writes (BufWriter/BufReader, setvbuf, writev), or \
-                         mmap/io_uring for bulk data"
-                    .into(),
-            });
+                "Buffer: fewer, larger reads and writes (BufWriter/BufReader, setvbuf, writev), or \
+                 mmap/io_uring for bulk data",
+            ));
         }
-        if row.errors >= 100 && row.errors * 2 >= row.calls {
+        if row.errors >= 100 && row.errors * 2 >= row.calls && !NOT_FAILURES.contains(&row.syscall.as_str()) {
             let errno = row.errnos.first().map(|e| e.errno.as_str()).unwrap_or("an error");
-            recommendations.push(Recommendation {
-                impact: share * 0.5,
-                title: format!("Most {} calls in {} fail", row.syscall, row.process),
-                evidence: format!(
-                    "{} of {} calls failed, most with {errno}",
+            let failed_s = total_s * row.errors as f64 / row.calls.max(1) as f64;
+            recommendations.push(Recommendation::new(
+                failed_s,
+                format!("Most {} calls in {} fail", row.syscall, row.process),
+                format!(
+                    "{} of {} calls failed, most with {errno}: {failed_s:.3} s in failing calls",
                     thousands(row.errors),
                     thousands(row.calls)
                 ),
-                action: "A loop retrying a failing call (busy polling on EAGAIN, probing missing files) \
-                         spends time for nothing: wait for readiness (epoll) or cache the answer"
-                    .into(),
-            });
+                "A loop retrying a failing call (busy polling on EAGAIN, probing missing files) spends \
+                 time for nothing: wait for readiness (epoll) or cache the answer",
+            ));
         }
     }
     recommendations

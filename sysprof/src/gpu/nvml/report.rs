@@ -204,14 +204,21 @@ pub fn build(
 }
 
 /// Recommendations from the GPU metrics, joined with the traced calls.
-pub fn recommendations(metrics: &GpuMetricsReport, gpu: Option<&GpuReport>) -> Vec<Recommendation> {
+/// The GPU metrics' recommendations; their seconds are shares of the trace's `wall_s` that NVML
+/// cannot resolve any finer.
+pub fn recommendations(
+    metrics: &GpuMetricsReport,
+    gpu: Option<&GpuReport>,
+    wall_s: f64,
+) -> Vec<Recommendation> {
     let mut out = Vec::new();
     let launches_per_s = gpu.map_or(0.0, |g| g.compute.launches_per_s);
     for device in &metrics.devices {
         let Some(util) = device.sm_util_mean else { continue };
         if util < 40.0 && launches_per_s > 5_000.0 {
             out.push(Recommendation {
-                impact: (1.0 - util / 100.0) * 0.5,
+                seconds: (1.0 - util / 100.0) * 0.5 * wall_s,
+                impact: 0.0,
                 title: format!("GPU {} is launch-bound", device.device),
                 evidence: format!("SM utilization {util:.0}% while the host launches {launches_per_s:.0} kernels/s"),
                 action: "Launch fewer, larger kernels: CUDA graphs (torch.cuda.graphs, torch.compile mode=\"reduce-overhead\"), \
@@ -224,7 +231,8 @@ pub fn recommendations(metrics: &GpuMetricsReport, gpu: Option<&GpuReport>) -> V
     for device in &metrics.devices {
         if busiest >= 50.0 && device.sm_util_max.is_some_and(|m| m < 5) {
             out.push(Recommendation {
-                impact: 0.2,
+                seconds: 0.2 * wall_s,
+                impact: 0.0,
                 title: format!("GPU {} sat idle", device.device),
                 evidence: format!("its SM utilization never passed 5% while another GPU averaged {busiest:.0}%"),
                 action: "Spread the work (data or model parallelism across all GPUs), or free the idle GPU for another job".into(),
@@ -238,7 +246,8 @@ pub fn recommendations(metrics: &GpuMetricsReport, gpu: Option<&GpuReport>) -> V
         let (min_device, min) = used.iter().copied().min_by_key(|(_, b)| *b).unwrap_or_default();
         if min > 0 && max as f64 / min as f64 > 1.5 {
             out.push(Recommendation {
-                impact: 0.1,
+                seconds: 0.1 * wall_s,
+                impact: 0.0,
                 title: "GPU memory is unbalanced across devices".into(),
                 evidence: format!(
                     "GPU {max_device} holds {:.1} GiB, GPU {min_device} {:.1} GiB",
@@ -259,7 +268,8 @@ pub fn recommendations(metrics: &GpuMetricsReport, gpu: Option<&GpuReport>) -> V
             && link.max_gb_s < 0.25 * peak
         {
             out.push(Recommendation {
-                impact: 0.1,
+                seconds: 0.1 * wall_s,
+                impact: 0.0,
                 title: format!("PCIe of GPU {} runs far below its peak", link.device),
                 evidence: format!(
                     "{} at most {:.2} GB/s of {peak:.1} GB/s, with {pageable} pageable host-to-device copies",

@@ -32,7 +32,7 @@ impl Family for NvmlFamily {
         let gpu = cx.sections.get::<GpuReport>();
         let metrics =
             report::build(samples.clone(), topology.clone(), cx.props.gpu_interval_ms, gpu, &targets);
-        cx.recommendations.extend(report::recommendations(&metrics, gpu));
+        cx.recommendations.extend(report::recommendations(&metrics, gpu, cx.wall_s()));
         Ok(Some(Box::new(metrics)))
     }
 }
