@@ -312,6 +312,7 @@ fn the_markdown_report_matches_its_golden_file() {
                 timed: 5002,
                 errors: 5000,
                 total_ns: 1_000_000,
+                lost: 0,
             }),
             Box::new(memory_section()),
         ]),

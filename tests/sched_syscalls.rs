@@ -169,8 +169,9 @@ fn latency_percentiles_match_known_sleeps() {
     // 1 ms population, p99 in the 20 ms one.
     assert!((0.94..2.0).contains(&ms("p50_ns")), "p50 {} ms", ms("p50_ns"));
     assert!((0.94..18.75).contains(&ms("p90_ns")), "p90 {} ms", ms("p90_ns"));
-    assert!((18.75..25.0).contains(&ms("p99_ns")), "p99 {} ms", ms("p99_ns"));
-    assert!((20.0..25.0).contains(&ms("max_ns")), "max {} ms", ms("max_ns"));
+    // A loaded machine delays a wakeup by a few scheduler ticks at worst, not by another sleep.
+    assert!((18.75..40.0).contains(&ms("p99_ns")), "p99 {} ms", ms("p99_ns"));
+    assert!((20.0..40.0).contains(&ms("max_ns")), "max {} ms", ms("max_ns"));
     let total = row["latency"]["total_ns"].as_f64().unwrap() / 1e6;
     assert!((300.0..450.0).contains(&total), "total {total} ms, expected 100 x 1 + 10 x 20");
 }

@@ -73,10 +73,11 @@ pub mod names {
     pub const THREAD_SCHED: &str = "THREAD_SCHED";
     /// Hash: tgid -> [`crate::LatencyHistogram`] of run-queue latency.
     pub const RUNQ_LATENCY: &str = "RUNQ_LATENCY";
-    /// Array of one `u64`: CLOCK_MONOTONIC when the switch program was attached, the start of
-    /// the on-CPU time of a thread first seen leaving a CPU (set by userspace just before the
-    /// attach, which comes well after `Config::start_ns`).
-    pub const SCHED_SINCE: &str = "SCHED_SINCE";
+    /// Array of one `u64`: CLOCK_MONOTONIC when the trace started (the command's release, or
+    /// the end of the attach), set by userspace then: the start of the on-CPU time of a thread
+    /// first seen leaving a CPU, so that its figures cover the trace's elapsed time and no more
+    /// (`Config::start_ns` is from before the load and the verifier).
+    pub const TRACE_START: &str = "TRACE_START";
     /// Hash: [`crate::OffCpuKey`] -> [`crate::OffCpuValue`].
     pub const OFFCPU: &str = "OFFCPU";
     /// Task local storage of the scheduler and syscall programs (kernel side only).
@@ -190,8 +191,11 @@ pub struct Config {
     /// `--comm` it falls in, `--all`, a `--pid` it descends from), except while it measures its
     /// own probe cost with itself in `TARGETS`.
     pub self_tgid: u32,
+    /// This architecture's numbers of exit and exit_group, which never return: counted at entry.
+    pub nr_exit: u32,
+    pub nr_exit_group: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 10 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 12 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {

@@ -24,6 +24,8 @@ static CONFIG: Config = Config {
     fault_stack_every: 8,
     // No process has this id; the loader writes sysprof's own.
     self_tgid: u32::MAX,
+    nr_exit: u32::MAX,
+    nr_exit_group: u32::MAX,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

@@ -26,6 +26,10 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGE
 #[map]
 pub static TARGETS_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 
+/// When the trace started (see `sysprof_common::names::TRACE_START`).
+#[map]
+pub static TRACE_START: Array<u64> = Array::with_max_entries(1, 0);
+
 /// Process life-cycle events for userspace.
 #[map]
 pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(capacity::PROCESS_EVENTS, 0);

@@ -24,7 +24,7 @@ use crate::{
     config::config,
     counters,
     histogram::record,
-    maps::stack_id,
+    maps::{TRACE_START, stack_id},
     syscalls, target,
     task_state::{TARGET, TASK_STATE, TaskState},
 };
@@ -39,9 +39,9 @@ static RUNQ_LATENCY: HashMap<u32, LatencyHistogram> =
 #[map]
 static OFFCPU: HashMap<OffCpuKey, OffCpuValue> = HashMap::with_max_entries(capacity::OFFCPU, 0);
 
-/// When the switch program was attached (see `sysprof_common::names::SCHED_SINCE`).
-#[map]
-static SCHED_SINCE: Array<u64> = Array::with_max_entries(1, 0);
+/// `task_struct::__state` of a task switching out for the last time.
+const TASK_DEAD: u32 = 0x80;
+
 
 /// A zeroed histogram to insert from: too big for the BPF stack.
 #[map]
@@ -95,14 +95,16 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     } else if state.switched_in_ns != 0 {
         state.switched_in_ns
     } else {
-        // First seen leaving a CPU: on it since the attach at the latest.
-        SCHED_SINCE.get(0).copied().filter(|&t| t != 0).unwrap_or(config().start_ns)
+        // First seen leaving a CPU: on it since the trace started, as far as the trace goes.
+        let started = TRACE_START.get(0).copied().unwrap_or(0);
+        if started != 0 && started < now { started } else { config().start_ns }
     };
     if let Some(thread) = thread_sched(state, true) {
         thread.oncpu_ns += now.saturating_sub(since);
+        // A thread's last switch, as it exits (TASK_DEAD), is no wait: getrusage counts none.
         if involuntary {
             thread.involuntary += 1;
-        } else {
+        } else if prev_state & TASK_DEAD == 0 {
             thread.voluntary += 1;
         }
         thread.on_cpu = 0;

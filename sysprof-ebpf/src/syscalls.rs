@@ -64,8 +64,13 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     };
     // SAFETY: the per-CPU slot is only used by programs on this CPU, which do not nest.
     let slot = unsafe { &mut *slot };
-    let (timed, weight) = timing(slot, pid_tgid as u32);
     let nr: i64 = ctx.arg(1);
+    if nr as u32 == config().nr_exit || nr as u32 == config().nr_exit_group {
+        // It never returns: counted now, with no latency.
+        count_pending(slot, tgid, nr as u32);
+        return 0;
+    }
+    let (timed, weight) = timing(slot, pid_tgid as u32);
     let args = if config().address_space != 0 && memory::address_space::is_address_space_call(nr as u32) {
         memory::address_space::syscall_args(&ctx)
     } else {

@@ -110,6 +110,7 @@ pub(crate) fn analyze(
         processes,
         symbolizer,
         calls: &shared.calls,
+        counters: &shared.counters,
         names: &names,
         gpu_state,
         sections: Sections::default(),
@@ -144,6 +145,20 @@ pub(crate) fn analyze(
     }
 
     let lost = lost(&shared.counters);
+    let stacks_lost = lost.user_stacks + lost.kernel_stacks;
+    if stacks_lost > 0 {
+        let size = props.stack_storage_size;
+        limitations.push(format!(
+            "{} user and {} kernel stacks could not be kept: the stack maps ({} entries each) were full or \
+             their entries collided, and those samples show a [user stack lost] or [kernel stack lost] \
+             frame, never advised on; --stack-storage-size {} would lose fewer (each doubling about halves \
+             the collisions)",
+            thousands(lost.user_stacks),
+            thousands(lost.kernel_stacks),
+            thousands(u64::from(size)),
+            size.saturating_mul(4).next_power_of_two()
+        ));
+    }
     if lost.total() > 0 {
         limitations.push(format!(
             "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
@@ -156,6 +171,7 @@ pub(crate) fn analyze(
         run.stats_coverage,
         run.elapsed,
         run.cpus,
+        props.frequency_hz,
     );
     if let Some((cpu_s, peak_rss_kib)) = run.own_usage {
         (overhead.sysprof_cpu_s, overhead.sysprof_peak_rss_kib) = (cpu_s, peak_rss_kib);

@@ -265,6 +265,8 @@ pub(crate) struct TraceEnd {
     pub machine_busy_share: Option<f64>,
     /// Share of the run the kernel's BPF statistics were on.
     pub stats_coverage: f64,
+    /// The programs' statistics when the trace started.
+    pub stats_baseline: Vec<crate::probes::ProgramCost>,
 }
 
 /// The uprobe side of the trace: GPU libraries, `--func` functions and the allocator
@@ -332,6 +334,8 @@ pub struct Collected {
     pub elapsed: Duration,
     /// Share of the run the kernel's BPF statistics were on (see `selfcost::StatsWindows`).
     pub stats_coverage: f64,
+    /// The programs' statistics when the trace started (see `selfcost::StatsWindows`).
+    pub stats_baseline: Vec<crate::probes::ProgramCost>,
     /// `-- CMD`, and how it ended if it did (see [`CommandWatch::end`] for the rest).
     pub command: Option<CommandWatch>,
 }
@@ -441,7 +445,13 @@ pub async fn collect(
         drain_calls(ring.get_mut(), calls);
     }
     let stats_coverage = stats_windows.finish(probes);
-    Ok(Collected { ended_by: reason, elapsed: started.elapsed(), stats_coverage, command })
+    Ok(Collected {
+        ended_by: reason,
+        elapsed: started.elapsed(),
+        stats_coverage,
+        stats_baseline: stats_windows.baseline,
+        command,
+    })
 }
 
 fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) {

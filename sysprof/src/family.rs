@@ -17,7 +17,7 @@ use crate::{
     probes::Probes,
     procs::ProcessTable,
     profile::StackProfile,
-    readout::MapReader,
+    readout::{Counters, MapReader},
     recording::{CallOutcome, ReportProps, RunFacts},
     report::{Recommendation, Section, Sections},
     symbolize::Symbolizer,
@@ -71,6 +71,8 @@ pub(crate) struct Analysis<'a> {
     pub symbolizer: &'a mut Symbolizer,
     /// Probed calls (GPU APIs, `--func`), and their call sites and launched kernels by name.
     pub calls: &'a [(CallKey, CallStats)],
+    /// The kernel's counters (samples, and what each family lost).
+    pub counters: &'a Counters,
     pub names: &'a CallNames,
     /// The GPU calls' state (transfers, allocations), when the GPU family ran.
     pub gpu_state: Option<&'a GpuState>,

@@ -70,6 +70,13 @@ pub(crate) struct ReportProps {
     pub calls_probed: bool,
     /// Whether `readout.json` is written beside the report.
     pub save_readout: bool,
+    /// Entries of each stack map (`--stack-storage-size`).
+    #[serde(default = "default_stack_storage")]
+    pub stack_storage_size: u32,
+}
+
+fn default_stack_storage() -> u32 {
+    sysprof_common::capacity::STACKS
 }
 
 impl ReportProps {
@@ -90,6 +97,7 @@ impl ReportProps {
             families,
             calls_probed: families.gpu || !config.functions.is_empty(),
             save_readout: config.save_readout,
+            stack_storage_size: config.stack_storage_size,
         }
     }
 }

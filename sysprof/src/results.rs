@@ -70,7 +70,7 @@ impl Results {
         let mut maps = MapReader::live(&probes, props.save_readout);
         let shared = analysis::read(&mut maps, &props, &mut families, gpu_state)?;
         let maps = maps.into_contents();
-        let costs = probes.costs();
+        let costs = crate::selfcost::since(probes.costs(), &end.stats_baseline);
         let stats_available = probes.stats_available();
         let attached = probes.attached().to_vec();
         let files_changed = probes.probed_files_changed();

@@ -22,6 +22,9 @@ const WINDOW_EVERY: Duration = Duration::from_secs(2);
 /// When the kernel's BPF statistics are on, and for how long they were.
 #[derive(Debug)]
 pub struct StatsWindows {
+    /// The programs' statistics when the trace started: the probe calibration's runs, and
+    /// whatever ran before the first window, are not the trace's.
+    pub baseline: Vec<ProgramCost>,
     started: Instant,
     on_since: Option<Instant>,
     covered: Duration,
@@ -31,9 +34,16 @@ pub struct StatsWindows {
 impl StatsWindows {
     /// Starts the first window.
     pub fn start(probes: &mut Probes) -> Self {
+        let baseline = probes.costs();
         let now = Instant::now();
         probes.set_stats(true);
-        StatsWindows { started: now, on_since: Some(now), covered: Duration::ZERO, next_change: now + WINDOW }
+        StatsWindows {
+            baseline,
+            started: now,
+            on_since: Some(now),
+            covered: Duration::ZERO,
+            next_change: now + WINDOW,
+        }
     }
 
     /// Opens or closes a window when due.
@@ -68,22 +78,48 @@ impl StatsWindows {
     }
 }
 
+/// The programs' runs and run time since `baseline` (the start of the trace).
+pub fn since(now: Vec<ProgramCost>, baseline: &[ProgramCost]) -> Vec<ProgramCost> {
+    now.into_iter()
+        .map(|p| match baseline.iter().find(|b| b.program == p.program) {
+            Some(b) => ProgramCost {
+                run_count: p.run_count.saturating_sub(b.run_count),
+                run_time_ns: p.run_time_ns.saturating_sub(b.run_time_ns),
+                program: p.program,
+            },
+            None => p,
+        })
+        .collect()
+}
+
 /// The overhead section for a run of `duration` on `cpus` CPUs, from the programs' statistics
-/// measured over `coverage` of the run.
+/// measured over `coverage` of the run. The sampling program cannot run more often than
+/// `frequency_hz` on every CPU: its scaled figures are held to that.
 pub fn overhead(
     measured: Vec<ProgramCost>,
     stats_available: bool,
     coverage: f64,
     duration: Duration,
     cpus: u32,
+    frequency_hz: u64,
 ) -> Overhead {
     let scale = if coverage > 0.0 { 1.0 / coverage } else { 0.0 };
+    let sampling_bound = (frequency_hz as f64 * f64::from(cpus.max(1)) * duration.as_secs_f64()).ceil();
     let programs: Vec<ProgramCost> = measured
         .into_iter()
-        .map(|p| ProgramCost {
-            program: p.program,
-            run_count: (p.run_count as f64 * scale).round() as u64,
-            run_time_ns: (p.run_time_ns as f64 * scale).round() as u64,
+        .map(|p| {
+            let mut runs = p.run_count as f64 * scale;
+            let mut time = p.run_time_ns as f64 * scale;
+            if p.program == "cpu_sample" && runs > sampling_bound {
+                // The time per run is what was measured; the runs are what the clock allows.
+                time *= sampling_bound / runs;
+                runs = sampling_bound;
+            }
+            ProgramCost {
+                program: p.program,
+                run_count: runs.round() as u64,
+                run_time_ns: time.round() as u64,
+            }
         })
         .collect();
     let bpf_time_ns: u64 = programs.iter().map(|p| p.run_time_ns).sum();
@@ -118,10 +154,29 @@ mod tests {
     #[test]
     fn measured_costs_scale_to_the_whole_run() {
         let measured = vec![ProgramCost { program: "p".into(), run_count: 100, run_time_ns: 5_000 }];
-        let overhead = overhead(measured, true, 0.25, Duration::from_secs(2), 2);
+        let overhead = overhead(measured, true, 0.25, Duration::from_secs(2), 2, 99);
         assert_eq!(overhead.programs[0].run_count, 400);
         assert_eq!(overhead.programs[0].run_time_ns, 20_000);
         assert_eq!(overhead.bpf_time_ns, 20_000);
         assert!((overhead.bpf_cpu_share - 20_000.0 / 4e9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_sampling_program_runs_no_more_than_its_clock_allows() {
+        let measured =
+            vec![ProgramCost { program: "cpu_sample".into(), run_count: 200, run_time_ns: 400_000 }];
+        // 99 Hz on 2 CPUs for 2 s: 396 runs at most, whatever the windows' scaling says.
+        let overhead = overhead(measured, true, 0.25, Duration::from_secs(2), 2, 99);
+        assert_eq!(overhead.programs[0].run_count, 396);
+        assert_eq!(overhead.programs[0].run_time_ns, 792_000, "at the measured 2 µs per run");
+    }
+
+    #[test]
+    fn the_calibration_is_not_the_trace() {
+        let at_start =
+            vec![ProgramCost { program: "call_enter".into(), run_count: 6000, run_time_ns: 9_000_000 }];
+        let at_end =
+            vec![ProgramCost { program: "call_enter".into(), run_count: 6150, run_time_ns: 9_300_000 }];
+        assert_eq!(since(at_end, &at_start)[0].run_count, 150);
     }
 }

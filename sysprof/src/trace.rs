@@ -148,6 +148,8 @@ fn kernel_config(
         nr_mremap: u32::MAX,
         fault_stack_every: memory::FAULT_STACK_EVERY,
         self_tgid: std::process::id(),
+        nr_exit: u32::MAX,
+        nr_exit_group: u32::MAX,
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
@@ -264,6 +266,8 @@ async fn run(
     tracers.funcs.attach_ready(&mut probes, &processes);
     let ticks_at_start = CpuTicks::now();
     let started = std::time::Instant::now();
+    // The kernel side's start of the trace too: a thread on a CPU now is counted from here.
+    probes.set_u64(sysprof_common::names::TRACE_START, 0, monotonic_ns())?;
     let command = match gated {
         // Interrupted while the probes were attached: the command never starts (dropping the
         // gate ends the child before it runs anything), and nothing was traced.
@@ -314,7 +318,7 @@ async fn run(
         command,
         stop_when_targets_exit: matches!(config.target, Target::Pids(_)),
     };
-    let collect::Collected { ended_by, elapsed, stats_coverage, command } = collect::collect(
+    let collect::Collected { ended_by, elapsed, stats_coverage, stats_baseline, command } = collect::collect(
         &mut probes,
         events,
         &mut tracers,
@@ -351,7 +355,16 @@ async fn run(
     // From here a second signal leaves at once (collect::Stop); the kernel drops the probes
     // with the process.
 
-    let end = TraceEnd { started_at, elapsed, end_ns, ended_by, command, machine_busy_share, stats_coverage };
+    let end = TraceEnd {
+        started_at,
+        elapsed,
+        end_ns,
+        ended_by,
+        command,
+        machine_busy_share,
+        stats_coverage,
+        stats_baseline,
+    };
     let results = Results {
         props,
         probes,

@@ -24,6 +24,8 @@ const KERNEL_SHARE: f64 = 0.30;
 const UNKNOWN_SHARE: f64 = 0.10;
 /// Fewer samples than this make every share uncertain by several points.
 const FEW_SAMPLES: u64 = 200;
+/// Libraries whose time is a GPU call's: the GPU family weighs those calls.
+const GPU_RUNTIMES: [&str; 3] = ["libcudart", "libcuda.", "libnccl"];
 /// What making a function twice as fast wins back of its time.
 const SPEEDUP_WIN: f64 = 0.5;
 
@@ -64,10 +66,13 @@ pub fn cpu_recommendations(profile: &StackProfile, facts: &CpuFacts) -> (Vec<Rec
     let cpu_s = total as f64 / hz;
     // Several threads running at once: a second of CPU is less than a second of elapsed time.
     let parallelism = (cpu_s / facts.wall_s.max(1e-9)).max(1.0);
+    // The kernel's functions and the GPU runtimes' are the mechanism of a syscall, a fault or a
+    // CUDA/NCCL call, which their own families advise on with the call's figures.
     let advisable = |h: &&Hotspot| {
         h.module != crate::symbolize::Frame::KERNEL_MODULE
             && !h.function.starts_with('[')
             && h.module != "sysprof"
+            && !GPU_RUNTIMES.iter().any(|m| h.module.starts_with(m))
     };
     for hotspot in hotspots(&busy, 25)
         .iter()

@@ -41,6 +41,7 @@ pub struct ProcessSched {
     pub name: String,
     pub threads: usize,
     pub cpu_time_s: f64,
+    /// Its lifetime in the trace (the whole trace for a process that was already running).
     pub wall_s: f64,
     /// CPU time over wall time: above 1 when several threads run at once.
     pub utilization: f64,
@@ -223,18 +224,32 @@ pub fn analyze(
                 .or_else(|| thread_rows.iter().find(|t| t.tid == pid).map(|t| t.name.clone()))
                 .unwrap_or_else(|| format!("pid {pid}"));
             let threads = thread_rows.len();
+            // Its lifetime in the trace: a process started during it is seen from its first
+            // thread's first switch, so its longest-lived thread's on and off time is how long
+            // it lived; one that was there before lived the whole trace, as far as sysprof knows.
+            let lifetime_s = match processes.get(pid).is_some_and(|p| p.started_during_trace) {
+                true => thread_rows
+                    .iter()
+                    .map(|t| t.cpu_time_s + t.offcpu_s)
+                    .fold(0.0, f64::max)
+                    .clamp(1e-6, wall_s),
+                false => wall_s,
+            };
+            for thread in &mut thread_rows {
+                thread.utilization = thread.cpu_time_s / lifetime_s;
+            }
             thread_rows.truncate(TOP_THREADS);
             ProcessSched {
                 pid,
                 name,
                 threads,
                 cpu_time_s,
-                wall_s,
-                utilization: cpu_time_s / wall_s,
+                wall_s: lifetime_s,
+                utilization: cpu_time_s / lifetime_s,
                 voluntary_switches: voluntary,
                 involuntary_switches: involuntary,
-                voluntary_per_s: voluntary as f64 / wall_s,
-                involuntary_per_s: involuntary as f64 / wall_s,
+                voluntary_per_s: voluntary as f64 / lifetime_s,
+                involuntary_per_s: involuntary as f64 / lifetime_s,
                 runq_latency: runq.get(&pid).copied(),
                 offcpu_s,
                 offcpu_by_reason: by_reason,

@@ -61,9 +61,6 @@ impl Probes {
     /// Attaches the context-switch program (scheduler statistics, off-CPU stacks, and parking of
     /// syscalls in flight).
     pub fn attach_sched_switch(&mut self) -> anyhow::Result<()> {
-        // Just before the attach: a thread on a CPU then is credited from here, not from the
-        // configuration's time before the load and the verifier.
-        self.set_u64(names::SCHED_SINCE, 0, crate::probes::monotonic_ns())?;
         self.attach_btf_tracepoint("sched_switch", "sched_switch")
     }
 

@@ -30,22 +30,39 @@ pub fn sched_recommendations(
     let worst_p99 =
         sched.processes.iter().filter_map(|p| p.runq_latency).map(|r| r.p99_ns).max().unwrap_or(0);
     let threads: usize = sched.processes.iter().map(|p| p.threads.max(1)).sum();
-    if sched.utilization >= SATURATED * f64::from(cpus) && involuntary_per_s >= INVOLUNTARY_PER_S {
+    let own = sched.utilization >= SATURATED * f64::from(cpus);
+    let machine = machine_busy.is_some_and(|busy| busy >= SATURATED);
+    if (own || machine) && involuntary_per_s >= INVOLUNTARY_PER_S {
         let seconds = runq_s / threads.max(1) as f64;
+        let (title, action) = if own {
+            (
+                "CPU oversubscribed: more runnable threads than CPUs",
+                "Run no more busy threads than CPUs: size thread pools to the cores (OMP_NUM_THREADS, \
+                 torch.set_num_threads, worker counts), move other work off these CPUs, or add CPUs",
+            )
+        } else {
+            (
+                "CPU oversubscribed: other processes take the CPUs it waits for",
+                "Give it CPUs of its own (cgroup cpu.weight or cpusets, nice the other work, taskset), move \
+                 the other work elsewhere, or add CPUs",
+            )
+        };
         recommendations.push(Recommendation::new(
             seconds,
-            "CPU oversubscribed: more runnable threads than CPUs",
+            title,
             format!(
-                "utilization {:.2} on {cpus} CPUs, {:.0} involuntary switches/s; {threads} threads waited \
+                "utilization {:.2} on {cpus} CPUs{}, {:.0} involuntary switches/s; {threads} threads waited \
                  {runq_s:.2} s for a CPU, {seconds:.2} s each on average (run-queue latency p99 {}, {:.2} s \
                  of CPU)",
                 sched.utilization,
+                machine_busy
+                    .map(|busy| format!(" (the machine {:.0}% busy)", busy * 100.0))
+                    .unwrap_or_default(),
                 involuntary_per_s,
                 format_ns(worst_p99),
                 cpu_s
             ),
-            "Run no more busy threads than CPUs: size thread pools to the cores (OMP_NUM_THREADS, \
-             torch.set_num_threads, worker counts), move other work off these CPUs, or add CPUs",
+            action,
         ));
     }
     for process in &sched.processes {

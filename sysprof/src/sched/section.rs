@@ -25,6 +25,19 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
         Some(format!("[{}]", offcpu_reason(sample.tag, kernel, resolved.user_frames(sample))))
     });
     let report = super::analyze(dump, &offcpu, cx.processes, cx.run.elapsed, cx.run.end_ns);
+    // The time model's check: a thread is on a CPU or off it, never both, and only while it
+    // lives; what is over is said, not hidden.
+    for process in &report.processes {
+        let lifetimes = process.wall_s * process.threads.max(1) as f64;
+        let residue = process.cpu_time_s + process.offcpu_s - lifetimes;
+        if residue > 0.02 * lifetimes + 0.001 {
+            cx.limitations.push(format!(
+                "{} ({}): its threads' on-CPU {:.3} s and off-CPU {:.3} s add up to {residue:.3} s more than \
+                 their {lifetimes:.3} s in the trace: some of its scheduler events were missed",
+                process.name, process.pid, process.cpu_time_s, process.offcpu_s
+            ));
+        }
+    }
     cx.recommendations.extend(sched_recommendations(&report, cx.run.cpus, cx.run.machine_busy_share));
     cx.add_profile("offcpu", "off-CPU (microseconds blocked)", offcpu);
     report
@@ -55,8 +68,8 @@ fn markdown(out: &mut String, sched: &SchedReport) {
     let _ = writeln!(out, "### CPU overhead: scheduling\n");
     let _ = writeln!(
         out,
-        "Utilization is CPU time over wall time (above 1 when threads run in parallel); all target \
-         processes together: {:.2}. Voluntary switches are waits (sleep, I/O, locks); involuntary ones \
+        "Utilization is CPU time over the process's lifetime in the trace (Wall; above 1 when threads \
+         run in parallel); all target processes together, over the trace: {:.2}. Voluntary switches are waits (sleep, I/O, locks); involuntary ones \
          are preemptions. Run-queue latency is the time from runnable to running.\n",
         sched.utilization
     );

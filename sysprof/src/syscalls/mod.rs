@@ -31,6 +31,9 @@ pub struct SyscallReport {
     pub timed: u64,
     pub errors: u64,
     pub total_ns: u64,
+    /// Calls not counted: the syscall map had no room for their process and syscall.
+    #[serde(default)]
+    pub lost: u64,
 }
 
 /// One syscall of one process.
@@ -136,6 +139,7 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
         errors: rows.iter().map(|r| r.errors).sum(),
         total_ns: rows.iter().map(|r| r.latency.total_ns).sum(),
         rows,
+        lost: 0,
     }
 }
 

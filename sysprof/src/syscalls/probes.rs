@@ -1,7 +1,7 @@
 //! The syscall family's kernel side: the enter/exit programs, and the read-out of their exact
 //! counts, errors and latency histograms.
 
-use sysprof_common::{SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
+use sysprof_common::{Config, SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
 
 use crate::{
     family::{Analysis, Family},
@@ -28,6 +28,11 @@ pub(crate) struct SyscallFamily {
 impl Family for SyscallFamily {
     fn name(&self) -> &'static str {
         "syscalls"
+    }
+
+    fn configure(&self, kernel: &mut Config) {
+        kernel.nr_exit = syscalls::Sysno::exit as u32;
+        kernel.nr_exit_group = syscalls::Sysno::exit_group as u32;
     }
 
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {

@@ -17,9 +17,24 @@ const TINY_CALL_NS: u64 = 10_000;
 const FREQUENT_PER_S: f64 = 1_000.0;
 /// What batching small calls into ones ten times larger saves of their time.
 const BATCHING_WIN: f64 = 0.9;
-/// Calls whose "errors" are not theirs: rt_sigreturn returns the interrupted call's result, and
-/// uretprobe is sysprof's own return probe.
-const NOT_FAILURES: [&str; 2] = ["rt_sigreturn", "uretprobe"];
+/// Calls whose "errors" are not failures: rt_sigreturn returns the interrupted call's result,
+/// uretprobe is sysprof's own return probe, and a wait that times out or is woken early (a
+/// futex, epoll, poll, select, a sleep, wait4 with no child) has done its job: waiting for work.
+const NOT_FAILURES: [&str; 13] = [
+    "rt_sigreturn",
+    "uretprobe",
+    "futex",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "poll",
+    "ppoll",
+    "select",
+    "pselect6",
+    "nanosleep",
+    "clock_nanosleep",
+    "wait4",
+];
 
 pub fn syscall_recommendations(syscalls: &SyscallReport) -> Vec<Recommendation> {
     let mut recommendations = Vec::new();

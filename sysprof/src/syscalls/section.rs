@@ -19,7 +19,8 @@ const SYSCALL_ROWS: usize = 25;
 
 /// The section and its recommendations.
 pub(crate) fn analyze(dump: &SyscallDump, cx: &mut Analysis<'_>) -> SyscallReport {
-    let report = super::analyze(dump, cx.processes, cx.run.elapsed);
+    let mut report = super::analyze(dump, cx.processes, cx.run.elapsed);
+    report.lost = cx.counters.get(sysprof_common::Counter::SyscallsLost);
     cx.recommendations.extend(syscall_recommendations(&report));
     report
 }
@@ -36,11 +37,19 @@ impl Section for SyscallReport {
 
 fn markdown(out: &mut String, syscalls: &SyscallReport) {
     let _ = writeln!(out, "### Syscalls\n");
+    let exact = match syscalls.lost {
+        0 => "Counts and errors are exact (exit and exit_group counted as they are entered)".to_string(),
+        lost => format!(
+            "Counts and errors are exact for what was kept: {} calls were not counted (the syscall map was \
+             full)",
+            thousands(lost)
+        ),
+    };
     let _ = writeln!(
         out,
         "{} calls, {} failed, {:.3} s in all. % of wall is the time in the syscall over the trace's wall \
-         time (threads add up). Counts and errors are exact; {} of the calls were timed one by one, the \
-         others' latency was sampled in bursts (see --time-every-syscall).\n",
+         time (threads add up). {exact}; {} of the calls were timed one by one, the others' latency was \
+         sampled in bursts (see --time-every-syscall).\n",
         thousands(syscalls.calls),
         thousands(syscalls.errors),
         syscalls.total_ns as f64 / 1e9,
