@@ -92,6 +92,10 @@ pub mod names {
     pub const FAULT_COUNTS: &str = "FAULT_COUNTS";
     /// Hash: [`crate::FaultKey`] -> sampled faults (weighted).
     pub const FAULT_STACKS: &str = "FAULT_STACKS";
+    /// `STACK_TRACE` map of the page faults' stacks, apart: an exec-heavy program faults in
+    /// thousands of distinct stacks, which must not collide with the off-CPU, heap and call
+    /// stacks in [`STACKS`].
+    pub const FAULT_TRACES: &str = "FAULT_TRACES";
     /// Hash: [`crate::AllocKey`] -> [`crate::AllocStats`] (bytes allocated by call site).
     pub const ALLOC_STACKS: &str = "ALLOC_STACKS";
     /// Hash: tgid -> [`crate::ProcessAllocs`].
@@ -236,13 +240,16 @@ pub enum Counter {
     FaultsLost = 11,
     /// Allocations not counted (a map was full).
     AllocsLost = 12,
+    /// Page-fault stacks lost, user or kernel (`FAULT_TRACES` full or id collision): the fault
+    /// counts stay exact, the fault profile is computed from the stacks kept.
+    FaultStacksLost = 13,
 }
 
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 13] = [
+    pub const ALL: [Counter; 14] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -256,6 +263,7 @@ impl Counter {
         Counter::CallEventsLost,
         Counter::FaultsLost,
         Counter::AllocsLost,
+        Counter::FaultStacksLost,
     ];
 }
 

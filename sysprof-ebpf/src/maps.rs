@@ -18,6 +18,10 @@ pub static STACKS: StackTrace = StackTrace::with_max_entries(capacity::STACKS, 0
 #[map]
 pub static CPU_STACKS: StackTrace = StackTrace::with_max_entries(capacity::STACKS, 0);
 
+/// The page faults' stacks, apart (see `sysprof_common::names::FAULT_TRACES`).
+#[map]
+pub static FAULT_TRACES: StackTrace = StackTrace::with_max_entries(capacity::STACKS, 0);
+
 /// tgid -> 1 for the processes being profiled (filter::TARGETS).
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGETS, 0);
@@ -48,12 +52,18 @@ pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
 /// [`stack_id`] in the given stack map.
 #[inline(always)]
 pub fn stack_id_in<C: StackIdContext>(map: &StackTrace, ctx: &C, flags: u64) -> i32 {
+    let user = flags & u64::from(BPF_F_USER_STACK) != 0;
+    stack_id_counted(map, ctx, flags, if user { Counter::UserStacksLost } else { Counter::KernelStacksLost })
+}
+
+/// [`stack_id_in`], a lost stack counted under `lost`.
+#[inline(always)]
+pub fn stack_id_counted<C: StackIdContext>(map: &StackTrace, ctx: &C, flags: u64, lost: Counter) -> i32 {
     match ctx.get_stackid(map, flags) {
         Ok(id) => id as i32,
         Err(EFAULT) => stack::NONE,
         Err(_) => {
-            let user = flags & u64::from(BPF_F_USER_STACK) != 0;
-            counters::add(if user { Counter::UserStacksLost } else { Counter::KernelStacksLost }, 1);
+            counters::add(lost, 1);
             stack::LOST
         }
     }

@@ -145,16 +145,17 @@ pub(crate) fn analyze(
     }
 
     let lost = lost(&shared.counters);
-    let stacks_lost = lost.user_stacks + lost.kernel_stacks;
+    let stacks_lost = lost.user_stacks + lost.kernel_stacks + lost.fault_stacks;
     if stacks_lost > 0 {
         let size = props.stack_storage_size;
         limitations.push(format!(
-            "{} user and {} kernel stacks could not be kept: the stack maps ({} entries each) were full or \
-             their entries collided, and those samples show a [user stack lost] or [kernel stack lost] \
-             frame, never advised on; --stack-storage-size {} would lose fewer (each doubling about halves \
-             the collisions)",
+            "{} user and {} kernel stacks (on-CPU, off-CPU, heap and call stacks) and {} page-fault stacks \
+             could not be kept: the stack maps ({} entries each) were full or their entries collided, and \
+             those samples show a [user stack lost] or [kernel stack lost] frame, never advised on; \
+             --stack-storage-size {} would lose fewer (each doubling about halves the collisions)",
             thousands(lost.user_stacks),
             thousands(lost.kernel_stacks),
+            thousands(lost.fault_stacks),
             thousands(u64::from(size)),
             size.saturating_mul(4).next_power_of_two()
         ));
@@ -253,6 +254,7 @@ fn lost(counters: &Counters) -> Lost {
         samples: counters.get(Counter::CpuSamplesLost),
         user_stacks: counters.get(Counter::UserStacksLost),
         kernel_stacks: counters.get(Counter::KernelStacksLost),
+        fault_stacks: counters.get(Counter::FaultStacksLost),
         process_events: counters.get(Counter::ProcessEventsLost),
         processes_not_followed: counters.get(Counter::TargetsFull),
         syscalls: counters.get(Counter::SyscallsLost),

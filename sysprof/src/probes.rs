@@ -70,8 +70,11 @@ pub fn monotonic_ns() -> u64 {
 /// How big the maps that depend on the run's options are.
 #[derive(Clone, Copy, Debug)]
 pub struct MapSizes {
-    /// Entries of the stack map.
+    /// Entries of each stack map.
     pub stacks: u32,
+    /// Entries of the page faults' stack map; 1 when faults are not traced, as stack maps are
+    /// preallocated.
+    pub fault_stacks: u32,
     /// Heap blocks tracked at once (LRU); 1 when the heap is not traced, as the map is
     /// preallocated.
     pub live_allocations: u32,
@@ -149,6 +152,7 @@ impl Probes {
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::STACKS, sizes.stacks)
             .map_max_entries(names::CPU_STACKS, sizes.stacks)
+            .map_max_entries(names::FAULT_TRACES, sizes.fault_stacks.max(1))
             .map_max_entries(names::LIVE_ALLOCS, sizes.live_allocations.max(1))
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.

@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// The format of `readout.json`; a replay refuses any other.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 
 /// The file name in the output directory.
 pub const FILE_NAME: &str = "readout.json";

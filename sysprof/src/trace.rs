@@ -66,11 +66,12 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
         say(note);
     }
     if config.stack_storage_size > sysprof_common::capacity::STACKS {
+        let maps = if config.families().memory { 3 } else { 2 };
         say(&format!(
-            "--stack-storage-size {}: the two stack maps (on-CPU, and the rest) pin about {} MiB of \
-             kernel memory for the run",
+            "--stack-storage-size {}: the {maps} stack maps (on-CPU, page faults when traced, and the \
+             rest) pin about {} MiB of kernel memory for the run",
             config.stack_storage_size,
-            (2 * u64::from(config.stack_storage_size) * STACK_ENTRY_BYTES) >> 20
+            (maps * u64::from(config.stack_storage_size) * STACK_ENTRY_BYTES) >> 20
         ));
     }
     let mut limitations = Vec::new();
@@ -186,6 +187,7 @@ async fn run(
     // Load/attach.
     let sizes = MapSizes {
         stacks: config.stack_storage_size,
+        fault_stacks: if on.memory { config.stack_storage_size } else { 1 },
         live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
     };
     let mut probes = Probes::load(&bpf_config, sizes)?;

@@ -10,7 +10,13 @@ use aya_ebpf::{
 };
 use sysprof_common::{Counter, FaultKey, capacity};
 
-use crate::{atomic, config::config, counters, maps::stack_id, target};
+use crate::{
+    atomic,
+    config::config,
+    counters,
+    maps::{FAULT_TRACES, stack_id_counted},
+    target,
+};
 
 #[map]
 static FAULT_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(capacity::FAULT_COUNTS, 0);
@@ -48,8 +54,8 @@ fn fault(ctx: &PerfEventContext, major: u32) {
     let key = FaultKey {
         tgid,
         major,
-        user_stack_id: stack_id(ctx, BPF_F_USER_STACK as u64),
-        kernel_stack_id: stack_id(ctx, 0),
+        user_stack_id: stack_id_counted(&FAULT_TRACES, ctx, BPF_F_USER_STACK as u64, Counter::FaultStacksLost),
+        kernel_stack_id: stack_id_counted(&FAULT_TRACES, ctx, 0, Counter::FaultStacksLost),
     };
     add_count(&FAULT_STACKS, key, u64::from(every));
 }

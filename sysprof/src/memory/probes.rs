@@ -30,8 +30,10 @@ pub struct MemoryDump {
     pub alloc_sites: Vec<(AllocKey, AllocStats)>,
     pub heaps: Vec<(u32, ProcessAllocs)>,
     pub live: Vec<(LiveKey, LiveAlloc)>,
-    /// Stack id -> instruction pointers, innermost first.
+    /// Stack id -> instruction pointers, innermost first: the heap's (in `STACKS`).
     pub stacks: HashMap<u32, Vec<u64>>,
+    /// The same for the fault stacks (in `FAULT_TRACES`).
+    pub fault_traces: HashMap<u32, Vec<u64>>,
 }
 
 /// The memory family's kernel side: page faults, and the address-space syscalls' sizes (read
@@ -134,10 +136,14 @@ impl MemoryDump {
         } else {
             Default::default()
         };
-        let ids: BTreeSet<u32> = fault_stacks
+        let fault_ids: BTreeSet<u32> = fault_stacks
             .iter()
             .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
-            .chain(alloc_sites.iter().map(|(key, _): &(AllocKey, AllocStats)| key.user_stack_id))
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        let ids: BTreeSet<u32> = alloc_sites
+            .iter()
+            .map(|(key, _): &(AllocKey, AllocStats)| key.user_stack_id)
             .chain(live.iter().map(|(_, block)| block.user_stack_id))
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
@@ -149,6 +155,7 @@ impl MemoryDump {
             heaps,
             live,
             stacks: maps.stacks(names::STACKS, &ids)?,
+            fault_traces: maps.stacks(names::FAULT_TRACES, &fault_ids)?,
         })
     }
 }

@@ -62,7 +62,7 @@ pub fn fault_profile(
             tag: key.major,
         })
         .collect();
-    let resolved = ResolvedStacks::resolve(&samples, &dump.stacks, processes, symbolizer);
+    let resolved = ResolvedStacks::resolve(&samples, &dump.fault_traces, processes, symbolizer);
     profile::build(&samples, &resolved, processes, "faults", |sample, _| {
         Some(if sample.tag == 1 { "[major fault]" } else { "[minor fault]" }.into())
     })

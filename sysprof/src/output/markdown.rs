@@ -80,6 +80,7 @@ fn lost(lost: &Lost) -> String {
         (lost.samples, "samples"),
         (lost.user_stacks, "user stacks"),
         (lost.kernel_stacks, "kernel stacks"),
+        (lost.fault_stacks, "page-fault stacks"),
         (lost.process_events, "process events"),
         (lost.processes_not_followed, "processes not followed"),
         (lost.syscalls, "syscalls"),

@@ -88,6 +88,10 @@ pub struct Lost {
     pub user_stacks: u64,
     /// Samples whose kernel stack was dropped.
     pub kernel_stacks: u64,
+    /// Page-fault stacks dropped (their own map full or collided): the fault counts are exact,
+    /// the fault profile is of the stacks kept.
+    #[serde(default)]
+    pub fault_stacks: u64,
     /// Process events dropped because the ring buffer was full.
     pub process_events: u64,
     /// Child processes not followed because the target set was full.
@@ -113,6 +117,7 @@ impl Lost {
         self.samples
             + self.user_stacks
             + self.kernel_stacks
+            + self.fault_stacks
             + self.process_events
             + self.processes_not_followed
             + self.syscalls
