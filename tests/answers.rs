@@ -145,13 +145,16 @@ fn more_busy_threads_than_cpus_is_named_first_and_the_time_model_adds_up() {
     };
     let cpus = std::thread::available_parallelism().unwrap().get();
     let threads = (4 * cpus).to_string();
-    let (report, stdout, _) = trace("busy", &["2", &threads]);
+    let (report, stdout, markdown) = trace("busy", &["2", &threads]);
     let top = first(&report);
     assert!(
         top["title"].as_str().unwrap().starts_with("CPU oversubscribed"),
         "{:#}",
         report["recommendations"]
     );
+    // The report says where the threads' time went, and waiting for a CPU is part of it.
+    let model = markdown.lines().find(|l| l.starts_with("Where the")).unwrap_or_else(|| panic!("{markdown}"));
+    assert!(model.contains("on a CPU") && model.contains("waiting for a CPU"), "{model}");
     let process =
         report["sched"]["processes"].as_array().unwrap().iter().find(|p| p["name"] == "busy").unwrap();
     // Each thread waits for a CPU about 3/4 of the time: the mean wait is the win.

@@ -52,14 +52,21 @@ fn assert_busy_profile(dir: &Path, frequency: f64, cpu_s: f64) {
         "burn_hot share {low:.3}..{high:.3} ({lost} samples lost their stack), expected 0.75 ({folded:?})"
     );
     // The stacks are whole: main (or a thread's start routine) calls burn_for, which calls the
-    // burners.
-    for (frames, _) in
+    // burners. A sample taken on a burner's first instructions, before it has pushed its frame
+    // pointer, skips its caller in a frame-pointer walk (the kernel's, perf's alike): allowed
+    // for a sample in fifty, no more.
+    let mut broken = 0;
+    for (frames, n) in
         folded.iter().filter(|(frames, _)| frames.iter().any(|f| f == "burn_hot" || f == "burn_cold"))
     {
         let caller = frames.iter().position(|f| f == "burn_for");
         let start = frames.iter().position(|f| f == "main" || f == "thread_main");
-        assert!(matches!((start, caller), (Some(s), Some(c)) if s < c), "broken stack {frames:?}");
+        assert!(start.is_some(), "a stack without its root {frames:?}");
+        if !matches!((start, caller), (Some(s), Some(c)) if s < c) {
+            broken += n;
+        }
     }
+    assert!(broken as f64 <= (hot + cold) / 50.0, "{broken} broken stacks of {} in {folded:?}", hot + cold);
     // Samples follow the CPU time busy really got (its own clock, or the kernel's accounting),
     // whatever else the machine runs.
     let samples = busy as f64;

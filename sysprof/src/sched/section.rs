@@ -9,7 +9,10 @@ use crate::{
     latency::format_ns,
     output::markdown::{escape, table},
     profile::{self, ResolvedStacks},
-    report::{Section, format::thousands},
+    report::{
+        Section,
+        format::{percent, thousands},
+    },
 };
 
 /// Processes whose threads are listed.
@@ -64,13 +67,62 @@ impl Section for SchedReport {
     }
 }
 
+/// Where the target's threads' time went: on a CPU, waiting for one, held up (by reason),
+/// waiting for work; and what no event covered (a thread's time before its first switch).
+fn time_model(out: &mut String, sched: &SchedReport) {
+    let threads: usize = sched.processes.iter().map(|p| p.threads).sum();
+    let lifetimes: f64 = sched.processes.iter().map(|p| p.wall_s * p.threads as f64).sum();
+    if threads == 0 || lifetimes <= 0.0 {
+        return;
+    }
+    let on: f64 = sched.processes.iter().map(|p| p.cpu_time_s).sum();
+    let mut reasons: Vec<(String, f64)> = Vec::new();
+    for reason in sched.processes.iter().flat_map(|p| &p.offcpu_by_reason) {
+        match reasons.iter_mut().find(|(r, _)| *r == reason.reason) {
+            Some((_, seconds)) => *seconds += reason.seconds,
+            None => reasons.push((reason.reason.clone(), reason.seconds)),
+        }
+    }
+    let held = |r: &str| super::HELD_UP.contains(&r);
+    let mut held_up: Vec<&(String, f64)> = reasons.iter().filter(|(r, _)| held(r)).collect();
+    held_up.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let waiting: f64 = reasons.iter().filter(|(r, _)| !held(r)).map(|(_, s)| s).sum();
+    let off: f64 = reasons.iter().map(|(_, s)| s).sum();
+    let share = |s: f64| percent(s / lifetimes);
+    let mut parts = vec![format!("on a CPU {} ({})", format_ns((on * 1e9) as u64), share(on))];
+    for (reason, seconds) in held_up {
+        let what = if reason == "preempted" { "waiting for a CPU".to_string() } else { reason.clone() };
+        parts.push(format!("{what} {} ({})", format_ns((seconds * 1e9) as u64), share(*seconds)));
+    }
+    if waiting > 0.0 {
+        parts.push(format!("waiting for work {} ({})", format_ns((waiting * 1e9) as u64), share(waiting)));
+    }
+    let unseen = lifetimes - on - off;
+    if unseen > 0.01 * lifetimes {
+        parts.push(format!(
+            "before a thread's first switch, not seen {} ({})",
+            format_ns((unseen * 1e9) as u64),
+            share(unseen)
+        ));
+    }
+    let whose = if threads == 1 {
+        "the target thread's".to_string()
+    } else {
+        format!("the {threads} target threads'")
+    };
+    let _ =
+        writeln!(out, "Where {whose} {} went: {}.\n", format_ns((lifetimes * 1e9) as u64), parts.join(", "));
+}
+
 fn markdown(out: &mut String, sched: &SchedReport) {
     let _ = writeln!(out, "### CPU overhead: scheduling\n");
+    time_model(out, sched);
     let _ = writeln!(
         out,
         "Utilization is CPU time over the process's lifetime in the trace (Wall; above 1 when threads \
-         run in parallel); all target processes together, over the trace: {:.2}. Voluntary switches are waits (sleep, I/O, locks); involuntary ones \
-         are preemptions. Run-queue latency is the time from runnable to running.\n",
+         run in parallel); all target processes together, over the trace: {:.2}. Voluntary switches \
+         are waits (sleep, I/O, locks); involuntary ones are preemptions. Run-queue latency is the \
+         time from runnable to running.\n",
         sched.utilization
     );
     let rows: Vec<Vec<String>> = sched

@@ -68,7 +68,13 @@ pub struct ErrnoCount {
 
 /// The name of syscall `nr` on this architecture.
 pub fn syscall_name(nr: u32) -> String {
-    syscalls::Sysno::new(nr as usize).map(|s| s.name().to_string()).unwrap_or_else(|| format!("syscall_{nr}"))
+    let name = syscalls::Sysno::new(nr as usize).map(|s| s.name()).unwrap_or_default();
+    match name {
+        "" => format!("syscall_{nr}"),
+        // The kernel's return-probe trampoline makes it for sysprof's uretprobes: sysprof's cost.
+        "uretprobe" => "uretprobe (sysprof's return probes)".into(),
+        name => name.to_string(),
+    }
 }
 
 /// "EBADF" for 9. The kernel's own restart codes (include/linux/errno.h), which a syscall
@@ -160,6 +166,9 @@ mod tests {
             assert_eq!(syscall_name(173), "getppid");
         }
         assert_eq!(syscall_name(100_000), "syscall_100000");
+        if let Some(probe) = syscalls::Sysno::iter().find(|s| s.name() == "uretprobe") {
+            assert_eq!(syscall_name(probe as u32), "uretprobe (sysprof's return probes)");
+        }
     }
 
     #[test]
