@@ -3,7 +3,7 @@
 //! a thread of the process. Waiting for work (sleeps, epoll_wait, condition variables, joins,
 //! parked kernel threads) is idle, never advice.
 
-use super::SchedReport;
+use super::{ProcessSched, SchedReport};
 use crate::{latency::format_ns, report::recommendation::Recommendation};
 
 /// Total utilization above this share of the CPUs counts as saturated.
@@ -18,6 +18,7 @@ pub fn sched_recommendations(
     sched: &SchedReport,
     cpus: u32,
     machine_busy: Option<f64>,
+    wall_s: f64,
 ) -> Vec<Recommendation> {
     // CPUs the target could have used beyond what it did: those the rest of the machine left.
     let others = machine_busy.map_or(0.0, |busy| (busy * f64::from(cpus) - sched.utilization).max(0.0));
@@ -67,69 +68,146 @@ pub fn sched_recommendations(
     }
     for process in &sched.processes {
         let thread_time = process.wall_s * process.threads.max(1) as f64;
-        for reason in &process.offcpu_by_reason {
-            let share = reason.seconds / thread_time;
-            if share < BLOCKED_SHARE {
+        let Some(reason) = process.offcpu_by_reason.iter().find(|r| r.reason == "lock contention") else {
+            continue;
+        };
+        let share = reason.seconds / thread_time;
+        if share < BLOCKED_SHARE {
+            continue;
+        }
+        // The threads' waits overlap in time: the mean wait of one is what the process could
+        // win back of its elapsed time. Without the lock, its threads could run on the CPUs the
+        // machine left free, no more: on a machine with none, nothing comes back.
+        let mean_wait = reason.seconds / process.threads.max(1) as f64;
+        let mut seconds = mean_wait;
+        let mut cap = String::new();
+        let could_run = free_cpus.min(process.threads as f64);
+        let parallel_win = process.wall_s * (1.0 - process.utilization / could_run).max(0.0);
+        if parallel_win < mean_wait {
+            seconds = parallel_win;
+            cap = format!(
+                "; it runs {:.2} CPUs' worth where {could_run:.1} were free for it, so removing the wait \
+                 wins at most {parallel_win:.2} s",
+                process.utilization
+            );
+        }
+        recommendations.push(Recommendation::new(
+            seconds,
+            format!("Lock contention in {}", process.name),
+            format!(
+                "{:.2} s off CPU for lock contention across {} threads ({:.1}% of their time, {mean_wait:.2} s \
+                 each on average){cap}{}",
+                reason.seconds,
+                process.threads,
+                share * 100.0,
+                longest_wait(sched, &[process.pid], &reason.reason)
+            ),
+            "Shorten critical sections, split the lock (per shard or per thread), or use lock-free queues; \
+             check the blocking stacks in offcpu.svg",
+        ));
+    }
+    // Disk and peer waits, by program: a build's dozen compilers are one cause. Their waits add
+    // up where the processes ran one after another, and overlap where they ran at once: what
+    // comes back of the elapsed time is the total scaled by the trace over their lifetimes.
+    for (reason, what, action) in [
+        (
+            "disk/uninterruptible I/O",
+            "waits on disk I/O",
+            "Read ahead or in larger blocks, cache what is read again, move I/O off the critical path \
+             (async I/O, a loader thread)",
+        ),
+        (
+            "pipe/socket I/O",
+            "waits on pipes or sockets",
+            "If the peer is slow, look at it; otherwise overlap the waits (more requests in flight, \
+             async I/O)",
+        ),
+    ] {
+        let mut names: Vec<&str> = sched.processes.iter().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let group: Vec<&ProcessSched> = sched.processes.iter().filter(|p| p.name == name).collect();
+            let waited: f64 = group
+                .iter()
+                .flat_map(|p| p.offcpu_by_reason.iter().filter(|r| r.reason == reason))
+                .map(|r| r.seconds)
+                .sum();
+            let threads: usize = group.iter().map(|p| p.threads.max(1)).sum();
+            let lifetimes: f64 = group.iter().map(|p| p.wall_s * p.threads.max(1) as f64).sum();
+            if waited <= 0.0 || waited / lifetimes.max(1e-9) < BLOCKED_SHARE {
                 continue;
             }
-            let stack = sched
-                .top_offcpu
-                .iter()
-                .find(|s| s.pid == process.pid && s.reason == reason.reason)
-                .and_then(|s| s.blocked_in.clone().map(|f| (f, s.seconds)));
-            let where_ =
-                stack.map(|(f, s)| format!("; the longest waits are in {f} ({s:.2} s)")).unwrap_or_default();
-            let (title, action) = match reason.reason.as_str() {
-                "lock contention" => (
-                    format!("Lock contention in {}", process.name),
-                    "Shorten critical sections, split the lock (per shard or per thread), or use lock-free \
-                     queues; check the blocking stacks in offcpu.svg",
-                ),
-                "disk/uninterruptible I/O" => (
-                    format!("{} waits on disk I/O", process.name),
-                    "Read ahead or in larger blocks, cache what is read again, move I/O off the critical \
-                     path (async I/O, a loader thread)",
-                ),
-                "pipe/socket I/O" => (
-                    format!("{} waits on pipes or sockets", process.name),
-                    "If the peer is slow, look at it; otherwise overlap the waits (more requests in flight, \
-                     async I/O)",
-                ),
-                _ => continue,
+            let seconds = waited * (wall_s / lifetimes.max(1e-9)).min(1.0);
+            let processes = match group.len() {
+                1 => String::new(),
+                n => format!(" of {n} processes"),
             };
-            // The threads' waits overlap in time: the mean wait of one is what the process
-            // could win back of its elapsed time. Without the lock, its threads could run on
-            // the CPUs the machine left free, no more: on a machine with none, nothing comes
-            // back.
-            let mean_wait = reason.seconds / process.threads.max(1) as f64;
-            let mut seconds = mean_wait;
-            let mut cap = String::new();
-            if reason.reason == "lock contention" {
-                let could_run = free_cpus.min(process.threads as f64);
-                let parallel_win = process.wall_s * (1.0 - process.utilization / could_run).max(0.0);
-                if parallel_win < mean_wait {
-                    seconds = parallel_win;
-                    cap = format!(
-                        "; it runs {:.2} CPUs' worth where {could_run:.1} were free for it, so removing the \
-                         wait wins at most {parallel_win:.2} s",
-                        process.utilization
-                    );
-                }
-            }
+            let pids: Vec<u32> = group.iter().map(|p| p.pid).collect();
             recommendations.push(Recommendation::new(
                 seconds,
-                title,
+                format!("{name} {what}"),
                 format!(
-                    "{:.2} s off CPU for {} across {} threads ({:.1}% of their time, {mean_wait:.2} s each on \
-                     average){cap}{where_}",
-                    reason.seconds,
-                    reason.reason,
-                    process.threads,
-                    share * 100.0
+                    "{waited:.2} s off CPU for {reason} across {threads} threads{processes} ({:.1}% of their \
+                     time), about {seconds:.2} s of the trace's elapsed time{}",
+                    waited / lifetimes.max(1e-9) * 100.0,
+                    longest_wait(sched, &pids, reason)
                 ),
                 action,
             ));
         }
     }
     recommendations
+}
+
+/// "; the longest waits are in F (S s)": the longest wait for `reason` of these processes, and
+/// the function that blocked.
+fn longest_wait(sched: &SchedReport, pids: &[u32], reason: &str) -> String {
+    sched
+        .top_offcpu
+        .iter()
+        .find(|s| pids.contains(&s.pid) && s.reason == reason)
+        .and_then(|s| {
+            s.blocked_in.clone().map(|f| format!("; the longest waits are in {f} ({:.2} s)", s.seconds))
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::ReasonTime;
+
+    /// A single-threaded process of `name` that lived `wall_s` and waited `disk_s` on the disk.
+    fn process(pid: u32, name: &str, wall_s: f64, disk_s: f64) -> ProcessSched {
+        ProcessSched {
+            pid,
+            name: name.into(),
+            threads: 1,
+            cpu_time_s: wall_s - disk_s,
+            wall_s,
+            utilization: (wall_s - disk_s) / wall_s,
+            voluntary_switches: 1,
+            involuntary_switches: 0,
+            voluntary_per_s: 1.0,
+            involuntary_per_s: 0.0,
+            runq_latency: None,
+            offcpu_s: disk_s,
+            offcpu_by_reason: vec![ReasonTime { reason: "disk/uninterruptible I/O".into(), seconds: disk_s }],
+            top_threads: vec![],
+        }
+    }
+
+    #[test]
+    fn the_processes_of_one_program_are_one_cause() {
+        // Four compilers, two at a time, in a 1 s build: 0.5 s of lifetime each, 0.1 s on the disk.
+        let processes = (0..4).map(|i| process(100 + i, "cc1", 0.5, 0.1)).collect();
+        let sched = SchedReport { processes, utilization: 1.6, top_offcpu: vec![] };
+        let advice = sched_recommendations(&sched, 2, Some(0.8), 1.0);
+        assert_eq!(advice.len(), 1, "{advice:#?}");
+        assert_eq!(advice[0].title, "cc1 waits on disk I/O");
+        // 0.4 s of waits over 2 s of lifetimes in a 1 s trace: half of them overlapped.
+        assert!((advice[0].seconds - 0.2).abs() < 1e-9, "{advice:#?}");
+        assert!(advice[0].evidence.contains("of 4 processes"), "{}", advice[0].evidence);
+    }
 }

@@ -41,7 +41,12 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
             ));
         }
     }
-    cx.recommendations.extend(sched_recommendations(&report, cx.run.cpus, cx.run.machine_busy_share));
+    cx.recommendations.extend(sched_recommendations(
+        &report,
+        cx.run.cpus,
+        cx.run.machine_busy_share,
+        cx.wall_s(),
+    ));
     cx.add_profile("offcpu", "off-CPU (microseconds blocked)", offcpu);
     report
 }
