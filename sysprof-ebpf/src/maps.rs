@@ -1,14 +1,14 @@
 //! Maps shared by several program families. Names match `sysprof_common::names`.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     macros::map,
     maps::{Array, HashMap, RingBuf, StackTrace},
     programs::tracing::StackIdContext,
 };
 use sysprof_common::{Counter, capacity, stack};
 
-use crate::counters;
+use crate::{atomic, counters};
 
 /// Stack id -> frame addresses, for kernel and user stacks alike.
 #[map]
@@ -37,6 +37,27 @@ pub static TRACE_START: Array<u64> = Array::with_max_entries(1, 0);
 /// Process life-cycle events for userspace.
 #[map]
 pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(capacity::PROCESS_EVENTS, 0);
+
+/// Adds `n` to the count under `key`, creating it at `n`; false when the map is full (the
+/// caller counts the loss its own way).
+#[inline(always)]
+pub fn add_count<K>(map: &HashMap<K, u64>, key: &K, n: u64) -> bool {
+    if let Some(count) = map.get_ptr_mut(key) {
+        atomic::add(count, n);
+        return true;
+    }
+    if map.insert(key, n, BPF_NOEXIST as u64).is_ok() {
+        return true;
+    }
+    // Another CPU inserted it first, or the map is full.
+    match map.get_ptr_mut(key) {
+        Some(count) => {
+            atomic::add(count, n);
+            true
+        }
+        None => false,
+    }
+}
 
 /// -EFAULT: `bpf_get_stackid` found no stack of the asked kind.
 const EFAULT: i32 = -14;

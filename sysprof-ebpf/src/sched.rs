@@ -42,7 +42,6 @@ static OFFCPU: HashMap<OffCpuKey, OffCpuValue> = HashMap::with_max_entries(capac
 /// `task_struct::__state` of a task switching out for the last time.
 const TASK_DEAD: u32 = 0x80;
 
-
 /// A zeroed histogram to insert from: too big for the BPF stack.
 #[map]
 static ZERO_HISTOGRAM: Array<LatencyHistogram> = Array::with_max_entries(1, 0);

@@ -3,7 +3,6 @@
 //! queue (get_signal), so the target filter is the current task's and nothing else is read.
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
     maps::{HashMap, PerCpuArray},
@@ -11,7 +10,7 @@ use aya_ebpf::{
 };
 use sysprof_common::signals::{self, SignalKey, action, origin};
 
-use crate::{atomic, target};
+use crate::{maps::add_count, target};
 
 #[map]
 static SIGNALS: HashMap<SignalKey, u64> = HashMap::with_max_entries(signals::CAPACITY, 0);
@@ -32,7 +31,12 @@ pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
     if !target::is_current_target_cached(tgid) {
         return 0;
     }
-    count(&key_of(&ctx, tgid));
+    if !add_count(&SIGNALS, &key_of(&ctx, tgid), 1)
+        && let Some(lost) = SIGNALS_LOST.get_ptr_mut(0)
+    {
+        // SAFETY: a per-CPU slot, used by one program at a time on this CPU.
+        unsafe { *lost += 1 };
+    }
     0
 }
 
@@ -61,27 +65,5 @@ fn key_of(ctx: &BtfTracePointContext, tgid: u32) -> SignalKey {
             1 => action::IGNORED,
             _ => action::HANDLER,
         },
-    }
-}
-
-/// Adds one to the key's count; a full map counts in `SIGNALS_LOST`.
-#[inline(always)]
-fn count(key: &SignalKey) {
-    if let Some(count) = SIGNALS.get_ptr_mut(key) {
-        atomic::add(count, 1);
-        return;
-    }
-    if SIGNALS.insert(key, 1, BPF_NOEXIST as u64).is_ok() {
-        return;
-    }
-    // Another CPU inserted it first, or the map is full.
-    match SIGNALS.get_ptr_mut(key) {
-        Some(count) => atomic::add(count, 1),
-        None => {
-            if let Some(lost) = SIGNALS_LOST.get_ptr_mut(0) {
-                // SAFETY: a per-CPU slot, used by one program at a time on this CPU.
-                unsafe { *lost += 1 };
-            }
-        }
     }
 }

@@ -2,7 +2,7 @@
 //! of them, weighted to stand for all.
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32},
     macros::{map, perf_event},
     maps::HashMap,
@@ -11,10 +11,9 @@ use aya_ebpf::{
 use sysprof_common::{Counter, FaultKey, capacity};
 
 use crate::{
-    atomic,
     config::config,
     counters,
-    maps::{FAULT_TRACES, stack_id_counted},
+    maps::{FAULT_TRACES, add_count, stack_id_counted},
     target,
 };
 
@@ -44,7 +43,9 @@ fn fault(ctx: &PerfEventContext, major: u32) {
     if !target::is_current_target_cached(tgid) {
         return;
     }
-    add_count(&FAULT_COUNTS, (u64::from(tgid) << 1) | u64::from(major), 1);
+    if !add_count(&FAULT_COUNTS, &((u64::from(tgid) << 1) | u64::from(major)), 1) {
+        counters::add(Counter::FaultsLost, 1);
+    }
     // Stacks for 1 fault in `fault_stack_every`, weighted: a walk costs more than the fault.
     let every = config().fault_stack_every.max(1);
     // SAFETY: plain helper call.
@@ -54,22 +55,15 @@ fn fault(ctx: &PerfEventContext, major: u32) {
     let key = FaultKey {
         tgid,
         major,
-        user_stack_id: stack_id_counted(&FAULT_TRACES, ctx, BPF_F_USER_STACK as u64, Counter::FaultStacksLost),
+        user_stack_id: stack_id_counted(
+            &FAULT_TRACES,
+            ctx,
+            BPF_F_USER_STACK as u64,
+            Counter::FaultStacksLost,
+        ),
         kernel_stack_id: stack_id_counted(&FAULT_TRACES, ctx, 0, Counter::FaultStacksLost),
     };
-    add_count(&FAULT_STACKS, key, u64::from(every));
-}
-
-#[inline(always)]
-fn add_count<K>(map: &HashMap<K, u64>, key: K, n: u64) {
-    if let Some(count) = map.get_ptr_mut(&key) {
-        atomic::add(count, n);
-        return;
-    }
-    if map.insert(&key, n, BPF_NOEXIST as u64).is_err() {
-        match map.get_ptr_mut(&key) {
-            Some(count) => atomic::add(count, n),
-            None => counters::add(Counter::FaultsLost, 1),
-        }
+    if !add_count(&FAULT_STACKS, &key, u64::from(every)) {
+        counters::add(Counter::FaultsLost, 1);
     }
 }

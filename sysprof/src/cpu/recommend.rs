@@ -53,9 +53,9 @@ pub fn probe_samples(profile: &StackProfile) -> u64 {
         .sum()
 }
 
-/// The recommendations, and what the profile could not say (the limitations).
-pub fn cpu_recommendations(profile: &StackProfile, facts: &CpuFacts) -> (Vec<Recommendation>, Vec<String>) {
-    let busy = busy(profile);
+/// The recommendations from the target's busy samples (see [`busy`]), and what they could not
+/// say (the limitations).
+pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recommendation>, Vec<String>) {
     let total = busy.total();
     let mut recommendations = Vec::new();
     let mut limitations = Vec::new();
@@ -74,7 +74,7 @@ pub fn cpu_recommendations(profile: &StackProfile, facts: &CpuFacts) -> (Vec<Rec
             && h.module != "sysprof"
             && !GPU_RUNTIMES.iter().any(|m| h.module.starts_with(m))
     };
-    for hotspot in hotspots(&busy, 25)
+    for hotspot in hotspots(busy, 25)
         .iter()
         .filter(advisable)
         .filter(|h| h.self_share >= HOT_FUNCTION_SHARE && h.self_weight >= HOT_FUNCTION_SAMPLES)

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::{
     CpuSamples,
     hotspots::{Hotspot, ProcessShare, hotspots, process_shares},
-    recommend::{CpuFacts, cpu_recommendations, probe_samples},
+    recommend::{CpuFacts, busy, cpu_recommendations, probe_samples},
 };
 use crate::{
     family::Analysis,
@@ -53,10 +53,11 @@ pub(crate) fn analyze(samples: &CpuSamples, sampled: bool, cx: &mut Analysis<'_>
         wall_s: cx.wall_s(),
         syscalls_traced: cx.props.families.syscalls,
     };
-    let (recommendations, limitations) = cpu_recommendations(&profile, &facts);
+    let busy = busy(&profile);
+    let (recommendations, limitations) = cpu_recommendations(&busy, &facts);
     cx.recommendations.extend(recommendations);
     cx.limitations.extend(limitations);
-    let cpu_s = super::recommend::busy(&profile).total() as f64 / cx.props.frequency_hz.max(1) as f64;
+    let cpu_s = busy.total() as f64 / cx.props.frequency_hz.max(1) as f64;
     let section = CpuSection {
         processes: process_shares(&profile),
         hotspots,

@@ -232,7 +232,8 @@ pub fn analyze(
                     .iter()
                     .map(|t| t.cpu_time_s + t.offcpu_s)
                     .fold(0.0, f64::max)
-                    .clamp(1e-6, wall_s),
+                    .min(wall_s)
+                    .max(1e-9),
                 false => wall_s,
             };
             for thread in &mut thread_rows {

@@ -3,6 +3,8 @@
 //! a thread of the process. Waiting for work (sleeps, epoll_wait, condition variables, joins,
 //! parked kernel threads) is idle, never advice.
 
+use std::collections::BTreeMap;
+
 use super::{ProcessSched, SchedReport};
 use crate::{latency::format_ns, report::recommendation::Recommendation};
 
@@ -106,6 +108,10 @@ pub fn sched_recommendations(
              check the blocking stacks in offcpu.svg",
         ));
     }
+    let mut programs: BTreeMap<&str, Vec<&ProcessSched>> = BTreeMap::new();
+    for process in &sched.processes {
+        programs.entry(process.name.as_str()).or_default().push(process);
+    }
     // Disk and peer waits, by program: a build's dozen compilers are one cause. Their waits add
     // up where the processes ran one after another, and overlap where they ran at once: what
     // comes back of the elapsed time is the total scaled by the trace over their lifetimes.
@@ -123,22 +129,20 @@ pub fn sched_recommendations(
              async I/O)",
         ),
     ] {
-        let mut names: Vec<&str> = sched.processes.iter().map(|p| p.name.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
-        for name in names {
-            let group: Vec<&ProcessSched> = sched.processes.iter().filter(|p| p.name == name).collect();
+        for (name, group) in &programs {
             let waited: f64 = group
                 .iter()
                 .flat_map(|p| p.offcpu_by_reason.iter().filter(|r| r.reason == reason))
                 .map(|r| r.seconds)
                 .sum();
             let threads: usize = group.iter().map(|p| p.threads.max(1)).sum();
-            let lifetimes: f64 = group.iter().map(|p| p.wall_s * p.threads.max(1) as f64).sum();
-            if waited <= 0.0 || waited / lifetimes.max(1e-9) < BLOCKED_SHARE {
+            let lifetimes: f64 =
+                group.iter().map(|p| p.wall_s * p.threads.max(1) as f64).sum::<f64>().max(1e-9);
+            let share = waited / lifetimes;
+            if waited <= 0.0 || share < BLOCKED_SHARE {
                 continue;
             }
-            let seconds = waited * (wall_s / lifetimes.max(1e-9)).min(1.0);
+            let seconds = waited * (wall_s / lifetimes).min(1.0);
             let processes = match group.len() {
                 1 => String::new(),
                 n => format!(" of {n} processes"),
@@ -150,7 +154,7 @@ pub fn sched_recommendations(
                 format!(
                     "{waited:.2} s off CPU for {reason} across {threads} threads{processes} ({:.1}% of their \
                      time), about {seconds:.2} s of the trace's elapsed time{}",
-                    waited / lifetimes.max(1e-9) * 100.0,
+                    share * 100.0,
                     longest_wait(sched, &pids, reason)
                 ),
                 action,

@@ -66,13 +66,16 @@ pub struct ErrnoCount {
     pub count: u64,
 }
 
+/// How the report names the kernel's return-probe trampoline call, which it makes for sysprof's
+/// uretprobes: sysprof's cost, never the target's.
+pub const URETPROBE: &str = "uretprobe (sysprof's return probes)";
+
 /// The name of syscall `nr` on this architecture.
 pub fn syscall_name(nr: u32) -> String {
     let name = syscalls::Sysno::new(nr as usize).map(|s| s.name()).unwrap_or_default();
     match name {
         "" => format!("syscall_{nr}"),
-        // The kernel's return-probe trampoline makes it for sysprof's uretprobes: sysprof's cost.
-        "uretprobe" => "uretprobe (sysprof's return probes)".into(),
+        "uretprobe" => URETPROBE.into(),
         name => name.to_string(),
     }
 }

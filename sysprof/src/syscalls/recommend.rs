@@ -22,7 +22,7 @@ const BATCHING_WIN: f64 = 0.9;
 /// futex, epoll, poll, select, a sleep, wait4 with no child) has done its job: waiting for work.
 const NOT_FAILURES: [&str; 13] = [
     "rt_sigreturn",
-    "uretprobe (sysprof's return probes)",
+    super::URETPROBE,
     "futex",
     "epoll_wait",
     "epoll_pwait",
