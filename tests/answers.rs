@@ -96,6 +96,30 @@ fn a_lock_convoy_is_named_first_and_the_join_is_not_contention() {
     let threads = process["threads"].as_f64().unwrap();
     let wall = process["wall_s"].as_f64().unwrap();
     assert!(seconds(top) <= lock / threads + 1e-6 && seconds(top) > 0.3 * wall, "{top:#} in {wall} s");
+    // The wakeup relation names the holder: the waiters were woken by the unlock in the code
+    // that held the lock across its sleep, which is what the advice names.
+    assert!(
+        top["evidence"].as_str().unwrap().contains("the lock is released in sleep_holding_lock"),
+        "{top:#}"
+    );
+    let pid = process["pid"].as_u64().unwrap();
+    let wakes = report["sched"]["wakes"].as_array().unwrap();
+    let lock_wakes: Vec<&Value> = wakes.iter().filter(|w| w["reason"] == "lock contention").collect();
+    assert!(!lock_wakes.is_empty(), "{wakes:#?}");
+    for wake in &lock_wakes {
+        // Woken by another worker of the same process, in its own code.
+        assert_eq!(wake["waker_pid"].as_u64(), Some(pid), "{wake:#}");
+        assert_ne!(wake["waker_tid"], wake["tid"], "{wake:#}");
+        assert_eq!(wake["waker_in"], "sleep_holding_lock", "{wake:#}");
+    }
+    // The main thread's join ended when a worker exited: the main thread waited for it.
+    let join = wakes
+        .iter()
+        .find(|w| w["tid"].as_u64() == Some(pid) && w["reason"] == "futex wait (condition, join, semaphore)")
+        .unwrap_or_else(|| panic!("no join in {wakes:#?}"));
+    assert_eq!(join["thread"], "sysload", "{join:#}");
+    assert_eq!(join["waker_pid"].as_u64(), Some(pid), "{join:#}");
+    assert_ne!(join["waker_tid"].as_u64(), Some(pid), "{join:#}");
     assert_no_advice_on_mechanism(&report);
 }
 
@@ -174,6 +198,34 @@ fn more_busy_threads_than_cpus_is_named_first_and_the_time_model_adds_up() {
         * run["cpus"].as_f64().unwrap()
         * run["duration_s"].as_f64().unwrap();
     assert!(run["samples"].as_f64().unwrap() <= bound * 1.02 + 2.0, "{run:#}");
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_thousand_waking_threads_stay_within_physical_limits() {
+    let Some(_guard) = root_guard("a_thousand_waking_threads_stay_within_physical_limits") else { return };
+    // 1,000 threads waking every 10 ms saturate two CPUs with wakeups; sysprof's own start and
+    // read-out wait behind them, and nothing it counts may leak outside the trace.
+    let (report, stdout, markdown) = trace("sysload", &["tickers", "1000", "3"]);
+    let run = &report["run"];
+    let (cpus, duration) = (run["cpus"].as_f64().unwrap(), run["duration_s"].as_f64().unwrap());
+    let bound = run["frequency_hz"].as_f64().unwrap() * cpus * duration;
+    assert!(run["samples"].as_f64().unwrap() <= bound * 1.02 + 2.0, "{run:#}");
+    let process =
+        report["sched"]["processes"].as_array().unwrap().iter().find(|p| p["name"] == "sysload").unwrap();
+    let on = process["cpu_time_s"].as_f64().unwrap();
+    assert!(on <= cpus * duration * 1.02, "{on} s of CPU in {duration} s on {cpus} CPUs: {process:#}");
+    // What the process itself got (its CPU clock): sysprof's on-CPU time is that, give or take
+    // the switches' own cost.
+    let got = stdout.lines().find_map(|l| l.strip_prefix("cpu_ns=")).unwrap().parse::<f64>().unwrap() / 1e9;
+    assert!((on / got - 1.0).abs() < 0.1, "sysprof {on} s of CPU, the process got {got} s");
+    // The time model adds up: no thread has more on and off time than it lived.
+    let limitations = report["limitations"].as_array().unwrap();
+    assert!(!limitations.iter().any(|l| l.as_str().unwrap().contains("add up to")), "{limitations:#?}");
+    let off = process["offcpu_s"].as_f64().unwrap();
+    let lifetimes = process["wall_s"].as_f64().unwrap() * process["threads"].as_f64().unwrap();
+    assert!(on + off <= lifetimes * 1.02, "on {on} + off {off} over {lifetimes} thread-seconds");
+    assert!(markdown.contains("waiting for work"), "{markdown}");
 }
 
 #[test]

@@ -285,6 +285,7 @@ fn the_markdown_report_matches_its_golden_file() {
                     blocked_in: Some("burn_hot".into()),
                     frames: vec!["main".into(), "burn_hot".into(), "schedule".into(), "__schedule".into()],
                 }],
+                ..Default::default()
             }),
             Box::new(sysprof::syscalls::SyscallReport {
                 rows: vec![sysprof::syscalls::SyscallRow {

@@ -36,7 +36,7 @@ pub use self::{
     histogram::LatencyHistogram,
     memory::{AddressSpace, AllocKey, AllocStats, FaultKey, LiveAlloc, LiveKey, ProcessAllocs, alloc},
     process::{ProcessEvent, process_event},
-    sched::{OffCpuKey, OffCpuValue, TASK_REPORT_MAX, ThreadSched},
+    sched::{OffCpuKey, OffCpuValue, TASK_REPORT_MAX, ThreadSched, WakeKey},
     syscalls::{
         InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats,
     },
@@ -73,13 +73,15 @@ pub mod names {
     pub const THREAD_SCHED: &str = "THREAD_SCHED";
     /// Hash: tgid -> [`crate::LatencyHistogram`] of run-queue latency.
     pub const RUNQ_LATENCY: &str = "RUNQ_LATENCY";
-    /// Array of one `u64`: CLOCK_MONOTONIC when the trace started (the command's release, or
-    /// the end of the attach), set by userspace then: the start of the on-CPU time of a thread
-    /// first seen leaving a CPU, so that its figures cover the trace's elapsed time and no more
-    /// (`Config::start_ns` is from before the load and the verifier).
-    pub const TRACE_START: &str = "TRACE_START";
+    /// Array of two `u64`s, CLOCK_MONOTONIC when the trace started (the command's release, or
+    /// the end of the attach) and when it ended (before the read-out), each set by userspace
+    /// then. The programs count only between them, so the figures cover the trace's elapsed
+    /// time and no more.
+    pub const TRACE_WINDOW: &str = "TRACE_WINDOW";
     /// Hash: [`crate::OffCpuKey`] -> [`crate::OffCpuValue`].
     pub const OFFCPU: &str = "OFFCPU";
+    /// Hash: [`crate::WakeKey`] -> [`crate::OffCpuValue`]: the waits and who ended them.
+    pub const WAKES: &str = "WAKES";
     /// Task local storage of the scheduler and syscall programs (kernel side only).
     pub const TASK_STATE: &str = "TASK_STATE";
     /// Hash: [`crate::CallKey`] -> [`crate::CallStats`] for probed library and user functions.
@@ -96,6 +98,23 @@ pub mod names {
     /// thousands of distinct stacks, which must not collide with the off-CPU, heap and call
     /// stacks in [`STACKS`].
     pub const FAULT_TRACES: &str = "FAULT_TRACES";
+    /// Each stack map's overflow: a stack whose bucket in its map holds another stack (the
+    /// maps are direct-mapped by hash) is stored here, its id marked with
+    /// [`crate::stack::OVERFLOW`]. Two places for each stack make a lost one rare at a quarter
+    /// of the memory a map twice as big would take.
+    pub const STACKS_OVERFLOW: &str = "STACKS_OVERFLOW";
+    pub const CPU_STACKS_OVERFLOW: &str = "CPU_STACKS_OVERFLOW";
+    pub const FAULT_TRACES_OVERFLOW: &str = "FAULT_TRACES_OVERFLOW";
+
+    /// The overflow map of stack map `name`.
+    pub fn overflow_of(name: &str) -> Option<&'static str> {
+        match name {
+            STACKS => Some(STACKS_OVERFLOW),
+            CPU_STACKS => Some(CPU_STACKS_OVERFLOW),
+            FAULT_TRACES => Some(FAULT_TRACES_OVERFLOW),
+            _ => None,
+        }
+    }
     /// Hash: [`crate::AllocKey`] -> [`crate::AllocStats`] (bytes allocated by call site).
     pub const ALLOC_STACKS: &str = "ALLOC_STACKS";
     /// Hash: tgid -> [`crate::ProcessAllocs`].
@@ -129,6 +148,7 @@ pub mod capacity {
     pub const RUNQ_LATENCY: u32 = 4 * 1024;
     /// Distinct (process, off-CPU stacks, state) keys.
     pub const OFFCPU: u32 = 32 * 1024;
+    pub const WAKES: u32 = 32 * 1024;
     /// Distinct (process, function, call site, detail) keys of probed calls.
     pub const CALLS: u32 = 16 * 1024;
     /// Bytes of the call-event ring buffer.
@@ -171,9 +191,6 @@ pub struct Config {
     /// Process name that makes a process part of the target when it execs (`--comm`);
     /// all zero when unused.
     pub comm: [u8; TASK_COMM_LEN],
-    /// `bpf_ktime_get_ns` when the programs were loaded: on-CPU time of a thread already
-    /// running then is counted from here.
-    pub start_ns: u64,
     /// Scheduler statistics and off-CPU stacks (`--focus sched`); when 0 the switch program
     /// only parks in-flight syscalls (see `syscall_burst`).
     pub sched_stats: u32,
@@ -199,15 +216,18 @@ pub struct Config {
     pub nr_exit: u32,
     pub nr_exit_group: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 8 + 12 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 12 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {
     /// The sample has no stack of this kind (user-mode sample: no kernel stack; kernel thread:
     /// no user stack). Not an error.
     pub const NONE: i32 = -1;
-    /// The stack existed but was dropped: the stack map was full or the id collided.
+    /// The stack existed but was dropped: its bucket was taken in both its map and the
+    /// overflow.
     pub const LOST: i32 = -2;
+    /// Marks an id in a stack map's overflow map (see `names::STACKS_OVERFLOW`).
+    pub const OVERFLOW: i32 = 1 << 30;
 }
 
 /// In-kernel counters, summed over CPUs by userspace. Each names something sysprof saw or lost.

@@ -44,3 +44,25 @@ pub struct OffCpuValue {
     pub count: u64,
 }
 shared!(OffCpuValue, 16);
+
+/// Key of the wakeup relation: a target thread's wait (where and why it blocked) and who ended
+/// it, from `sched_waking`, which runs in the waker's context.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WakeKey {
+    pub tgid: u32,
+    pub tid: u32,
+    /// The thread that woke it from a system call (a futex wake, a write, an exit); 0 and 0
+    /// for an interrupt (a timer, a device).
+    pub waker_tgid: u32,
+    pub waker_tid: u32,
+    /// The waiter's `sched_switch` prev_state.
+    pub state: u32,
+    /// The waiter's stacks as it blocked.
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    /// The waker's user stack, taken when the waker is a target thread (the unlock, the
+    /// signal, the exit that ended the wait); `stack::NONE` otherwise.
+    pub waker_user_stack_id: i32,
+}
+shared!(WakeKey, 32);

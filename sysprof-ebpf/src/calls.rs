@@ -21,7 +21,9 @@ use sysprof_common::{
     CallEvent, CallKey, CallStats, Counter, call, call::memcpy3d, call::memcpy3d_offsets, capacity,
 };
 
-use crate::{counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage};
+use crate::{
+    counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage, window,
+};
 
 #[map]
 static CALLS: HashMap<CallKey, CallStats> = HashMap::with_max_entries(capacity::CALLS, BPF_F_NO_PREALLOC);
@@ -51,7 +53,8 @@ static CALL_STATE: TaskStorage<CallInFlight> = TaskStorage::new();
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) {
+    // Not `window::open`: the probe-cost calibration runs these before the trace starts.
+    if !target::is_current_target_cached(tgid) || window::closed() {
         return 0;
     }
     let Some(state) = CALL_STATE.current(true) else {

@@ -12,7 +12,6 @@ static CONFIG: Config = Config {
     task_pid_offset: 0,
     task_tgid_offset: 0,
     comm: [0; 16],
-    start_ns: 0,
     sched_stats: 0,
     syscall_burst: 0,
     syscall_sample_every: 1,

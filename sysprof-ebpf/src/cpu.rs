@@ -10,11 +10,7 @@ use aya_ebpf::{
 };
 use sysprof_common::{Counter, SampleKey, TASK_COMM_LEN, capacity};
 
-use crate::{
-    atomic, counters,
-    maps::{CPU_STACKS, stack_id_in},
-    target,
-};
+use crate::{atomic, counters, maps::cpu_stack_id, target, window};
 
 /// Sample counts per key.
 #[map]
@@ -30,14 +26,14 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
 fn try_cpu_sample(ctx: &PerfEventContext) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !target::is_current_target(tgid) {
+    if !target::is_current_target(tgid) || !window::open() {
         return;
     }
     let key = SampleKey {
         tgid,
         tid: pid_tgid as u32,
-        user_stack_id: stack_id_in(&CPU_STACKS, ctx, BPF_F_USER_STACK as u64),
-        kernel_stack_id: stack_id_in(&CPU_STACKS, ctx, 0),
+        user_stack_id: cpu_stack_id(ctx, BPF_F_USER_STACK as u64),
+        kernel_stack_id: cpu_stack_id(ctx, 0),
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     counters::add(Counter::CpuSamples, 1);

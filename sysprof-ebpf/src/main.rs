@@ -28,6 +28,7 @@ mod signals;
 mod syscalls;
 mod target;
 mod task_state;
+mod window;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -22,6 +22,15 @@ pub static CPU_STACKS: StackTrace = StackTrace::with_max_entries(capacity::STACK
 #[map]
 pub static FAULT_TRACES: StackTrace = StackTrace::with_max_entries(capacity::STACKS, 0);
 
+/// Each stack map's overflow (see `sysprof_common::names::STACKS_OVERFLOW`); the loader sizes
+/// them.
+#[map]
+pub static STACKS_OVERFLOW: StackTrace = StackTrace::with_max_entries(capacity::STACKS / 4, 0);
+#[map]
+pub static CPU_STACKS_OVERFLOW: StackTrace = StackTrace::with_max_entries(capacity::STACKS / 4, 0);
+#[map]
+pub static FAULT_TRACES_OVERFLOW: StackTrace = StackTrace::with_max_entries(capacity::STACKS / 4, 0);
+
 /// tgid -> 1 for the processes being profiled (filter::TARGETS).
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGETS, 0);
@@ -29,10 +38,6 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGE
 /// Bumped on every change to `TARGETS` (by the programs and by userspace).
 #[map]
 pub static TARGETS_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
-
-/// When the trace started (see `sysprof_common::names::TRACE_START`).
-#[map]
-pub static TRACE_START: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Process life-cycle events for userspace.
 #[map]
@@ -61,27 +66,44 @@ pub fn add_count<K>(map: &HashMap<K, u64>, key: &K, n: u64) -> bool {
 
 /// -EFAULT: `bpf_get_stackid` found no stack of the asked kind.
 const EFAULT: i32 = -14;
+/// -EEXIST: the stack's bucket holds another stack.
+const EEXIST: i32 = -17;
 
 /// The id in `STACKS` of the current stack (`flags`: 0 for the kernel's, `BPF_F_USER_STACK`
 /// for the user's), or a `stack::` marker saying why there is none. A stack the map could not
 /// keep is counted as lost.
 #[inline(always)]
 pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
-    stack_id_in(&STACKS, ctx, flags)
+    stack_id_counted(&STACKS, &STACKS_OVERFLOW, ctx, flags, lost_counter(flags))
 }
 
-/// [`stack_id`] in the given stack map.
+/// [`stack_id`] in the on-CPU samples' stack maps.
 #[inline(always)]
-pub fn stack_id_in<C: StackIdContext>(map: &StackTrace, ctx: &C, flags: u64) -> i32 {
-    let user = flags & u64::from(BPF_F_USER_STACK) != 0;
-    stack_id_counted(map, ctx, flags, if user { Counter::UserStacksLost } else { Counter::KernelStacksLost })
+pub fn cpu_stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
+    stack_id_counted(&CPU_STACKS, &CPU_STACKS_OVERFLOW, ctx, flags, lost_counter(flags))
 }
 
-/// [`stack_id_in`], a lost stack counted under `lost`.
 #[inline(always)]
-pub fn stack_id_counted<C: StackIdContext>(map: &StackTrace, ctx: &C, flags: u64, lost: Counter) -> i32 {
-    match ctx.get_stackid(map, flags) {
-        Ok(id) => id as i32,
+fn lost_counter(flags: u64) -> Counter {
+    if flags & u64::from(BPF_F_USER_STACK) != 0 { Counter::UserStacksLost } else { Counter::KernelStacksLost }
+}
+
+/// The id of the current stack in `map`, or in `overflow` (marked `stack::OVERFLOW`) when its
+/// bucket in `map` holds another stack; a stack neither could keep is counted under `lost`.
+#[inline(always)]
+pub fn stack_id_counted<C: StackIdContext>(
+    map: &StackTrace,
+    overflow: &StackTrace,
+    ctx: &C,
+    flags: u64,
+    lost: Counter,
+) -> i32 {
+    let id = match ctx.get_stackid(map, flags) {
+        Err(EEXIST) => ctx.get_stackid(overflow, flags).map(|id| id as i32 | stack::OVERFLOW),
+        other => other.map(|id| id as i32),
+    };
+    match id {
+        Ok(id) => id,
         Err(EFAULT) => stack::NONE,
         Err(_) => {
             counters::add(lost, 1);

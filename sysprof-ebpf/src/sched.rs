@@ -16,7 +16,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use sysprof_common::{
-    Counter, LatencyHistogram, OffCpuKey, OffCpuValue, TASK_COMM_LEN, TASK_REPORT_MAX, ThreadSched, capacity,
+    Counter, LatencyHistogram, OffCpuKey, OffCpuValue, TASK_COMM_LEN, TASK_REPORT_MAX, ThreadSched, WakeKey,
+    capacity, stack,
 };
 
 use crate::{
@@ -24,9 +25,10 @@ use crate::{
     config::config,
     counters,
     histogram::record,
-    maps::{TRACE_START, stack_id},
+    maps::stack_id,
     syscalls, target,
     task_state::{TARGET, TASK_STATE, TaskState},
+    window,
 };
 
 #[map]
@@ -38,6 +40,9 @@ static RUNQ_LATENCY: HashMap<u32, LatencyHistogram> =
 
 #[map]
 static OFFCPU: HashMap<OffCpuKey, OffCpuValue> = HashMap::with_max_entries(capacity::OFFCPU, 0);
+
+#[map]
+static WAKES: HashMap<WakeKey, OffCpuValue> = HashMap::with_max_entries(capacity::WAKES, 0);
 
 /// `task_struct::__state` of a task switching out for the last time.
 const TASK_DEAD: u32 = 0x80;
@@ -64,7 +69,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u32, now: u64) {
     let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
     syscalls::park_in_flight(tid, prev, now);
-    if config().sched_stats == 0 {
+    if config().sched_stats == 0 || window::closed() {
         return;
     }
     let Some(state) = TASK_STATE.get(prev, true) else {
@@ -76,6 +81,24 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     }
     // Preempted while runnable (0), or inside the kernel (TASK_REPORT_MAX): involuntary.
     let involuntary = prev_state == 0 || prev_state == TASK_REPORT_MAX;
+    // Before the trace starts only where the thread is is kept (so a wait that began during
+    // the attach is timed from the start); nothing is counted.
+    let start = window::start();
+    if start != 0 {
+        account_switch_out(state, involuntary, prev_state, start, now);
+    }
+    state.switched_out_ns = now;
+    state.waker_seen = 0;
+    state.offcpu_state = prev_state;
+    state.runnable_since_ns = if involuntary { now } else { 0 };
+    state.offcpu_user_stack = stack_id(ctx, BPF_F_USER_STACK as u64);
+    state.offcpu_kernel_stack = stack_id(ctx, 0);
+}
+
+/// The on-CPU stretch the thread ends now (and the wait before it, when its arrival was not
+/// seen), counted from the trace's `start` at the earliest.
+#[inline(always)]
+fn account_switch_out(state: &TaskState, involuntary: bool, prev_state: u32, start: u64, now: u64) {
     let since = if state.switched_out_ns != 0 {
         // Leaving a CPU again without having been seen to arrive: the kernel does not trace
         // every switch in (from the idle task, on recent kernels). It came on after its wakeup,
@@ -85,8 +108,8 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
             // max/min, not clamp: clamp's panic path is one the verifier rejects.
             woken => woken.max(state.switched_out_ns).min(now),
         };
-        let off = came_on.saturating_sub(state.switched_out_ns);
-        add_offcpu(state, off);
+        let off = came_on.saturating_sub(state.switched_out_ns.max(start));
+        add_offcpu(state, state.offcpu_state, off);
         if let Some(thread) = thread_sched(state, false) {
             thread.offcpu_ns += off;
         }
@@ -95,35 +118,28 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
         state.switched_in_ns
     } else {
         // First seen leaving a CPU: on it since the trace started, as far as the trace goes.
-        let started = TRACE_START.get(0).copied().unwrap_or(0);
-        if started != 0 && started < now { started } else { config().start_ns }
+        start
     };
-    if let Some(thread) = thread_sched(state, true) {
-        thread.oncpu_ns += now.saturating_sub(since);
-        // A thread's last switch, as it exits (TASK_DEAD), is no wait: getrusage counts none.
-        if involuntary {
-            thread.involuntary += 1;
-        } else if prev_state & TASK_DEAD == 0 {
-            thread.voluntary += 1;
-        }
-        thread.on_cpu = 0;
-        // Named once, at its first switch-out (it is current then).
-        if thread.comm[0] == 0
-            && let Ok(comm) = bpf_get_current_comm()
-        {
-            thread.comm = comm;
-        }
+    let Some(thread) = thread_sched(state, true) else { return };
+    thread.oncpu_ns += now.saturating_sub(since.max(start));
+    // A thread's last switch, as it exits (TASK_DEAD), is no wait: getrusage counts none.
+    if involuntary {
+        thread.involuntary += 1;
+    } else if prev_state & TASK_DEAD == 0 {
+        thread.voluntary += 1;
     }
-    state.switched_out_ns = now;
-    state.offcpu_state = prev_state;
-    state.runnable_since_ns = if involuntary { now } else { 0 };
-    state.offcpu_user_stack = stack_id(ctx, BPF_F_USER_STACK as u64);
-    state.offcpu_kernel_stack = stack_id(ctx, 0);
+    thread.on_cpu = 0;
+    // Named once, at its first switch-out (it is current then).
+    if thread.comm[0] == 0
+        && let Ok(comm) = bpf_get_current_comm()
+    {
+        thread.comm = comm;
+    }
 }
 
 #[inline(always)]
 fn switch_in(next: *mut task_struct, now: u64) {
-    if config().sched_stats == 0 {
+    if config().sched_stats == 0 || window::closed() {
         return;
     }
     let Some(state) = TASK_STATE.get(next, true) else {
@@ -135,17 +151,31 @@ fn switch_in(next: *mut task_struct, now: u64) {
         return;
     }
     let off_since = state.switched_out_ns;
+    let runnable_since = state.runnable_since_ns;
     state.switched_out_ns = 0;
+    state.runnable_since_ns = 0;
+    let start = window::start();
+    if start == 0 {
+        return;
+    }
     if off_since != 0 {
-        let off = now.saturating_sub(off_since);
-        add_offcpu(state, off);
+        let from = off_since.max(start);
+        // A wait ends at its wakeup; from there to now the thread was runnable, waiting for a
+        // CPU (state 0, as a preemption is), so the time model's reasons add up.
+        let woken = if runnable_since > from { runnable_since.min(now) } else { now };
+        add_offcpu(state, state.offcpu_state, woken - from);
+        if state.waker_seen != 0 && woken > from {
+            add_wake(state, woken - from);
+        }
+        if woken < now {
+            add_offcpu(state, 0, now - woken);
+        }
         if let Some(thread) = thread_sched(state, false) {
-            thread.offcpu_ns += off;
+            thread.offcpu_ns += now.saturating_sub(from);
         }
     }
-    if state.runnable_since_ns != 0 {
-        record_runq(state.tgid, now.saturating_sub(state.runnable_since_ns));
-        state.runnable_since_ns = 0;
+    if runnable_since != 0 {
+        record_runq(state.tgid, now.saturating_sub(runnable_since.max(start)));
     }
     if let Some(thread) = thread_sched(state, true) {
         thread.on_cpu = 1;
@@ -153,9 +183,11 @@ fn switch_in(next: *mut task_struct, now: u64) {
     }
 }
 
-/// `sched_wakeup(struct task_struct *p)`: a sleeping target becomes runnable.
-#[btf_tracepoint(function = "sched_wakeup")]
-pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
+/// `sched_waking(struct task_struct *p)`, run by the waker as it starts to wake `p`: a
+/// sleeping target becomes runnable (run-queue latency counts from here), and who woke it is
+/// kept with it (the wakeup relation, see `WakeKey`).
+#[btf_tracepoint(function = "sched_waking")]
+pub fn sched_waking(ctx: BtfTracePointContext) -> i32 {
     let task: *mut task_struct = ctx.arg(0);
     if let Some(state) = TASK_STATE.get(task, false)
         && state.target == TARGET
@@ -163,8 +195,60 @@ pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
     {
         // SAFETY: plain helper call.
         state.runnable_since_ns = unsafe { bpf_ktime_get_ns() };
+        if config().sched_stats != 0 {
+            note_waker(&ctx, state);
+        }
     }
     0
+}
+
+/// Records the current task as `state`'s waker when it wakes it from a system call; an
+/// interrupt (a timer, a device) runs on whatever task it interrupted, which is no waker.
+#[inline(always)]
+fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
+    let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    state.waker_seen = 1;
+    if tid == 0 || tid == state.tid || !in_syscall() {
+        state.waker_tgid = 0;
+        state.waker_tid = 0;
+        state.waker_user_stack = stack::NONE;
+        return;
+    }
+    state.waker_tgid = tgid;
+    state.waker_tid = tid;
+    state.waker_user_stack = if target::is_current_target_cached(tgid) {
+        stack_id(ctx, BPF_F_USER_STACK as u64)
+    } else {
+        stack::NONE
+    };
+}
+
+/// Offset of the system call number in `struct pt_regs`: `orig_ax` on x86-64, `syscallno` on
+/// arm64; -1 there outside a system call (an interrupt from user mode).
+#[cfg(bpf_target_arch = "x86_64")]
+const SYSCALL_NR_OFFSET: usize = 15 * 8;
+#[cfg(bpf_target_arch = "aarch64")]
+const SYSCALL_NR_OFFSET: usize = 34 * 8 + 8;
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+const SYSCALL_NR_OFFSET: usize = 0;
+
+/// Whether the current task is in a system call, from the registers it entered the kernel with.
+#[inline(always)]
+fn in_syscall() -> bool {
+    // SAFETY: plain helper calls; the registers sit at the top of the task's kernel stack, and
+    // a failed read is "no".
+    unsafe {
+        let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(
+            aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+        ) as *const u8;
+        if regs.is_null() || SYSCALL_NR_OFFSET == 0 {
+            return false;
+        }
+        let nr: i64 =
+            aya_ebpf::helpers::bpf_probe_read_kernel(regs.add(SYSCALL_NR_OFFSET).cast()).unwrap_or(-1);
+        nr >= 0
+    }
 }
 
 /// The thread's statistics, created (when `create`) with its process id.
@@ -196,28 +280,51 @@ fn thread_sched(state: &TaskState, create: bool) -> Option<&'static mut ThreadSc
     THREAD_SCHED.get_ptr_mut(state.tid).map(|thread| unsafe { &mut *thread })
 }
 
+/// Adds `off` ns to the thread's off-CPU time at the stacks it left the CPU with, under
+/// `offcpu_state` (the state it left with, or 0 for the wait for a CPU after a wakeup).
 #[inline(always)]
-fn add_offcpu(state: &TaskState, off: u64) {
+fn add_offcpu(state: &TaskState, offcpu_state: u32, off: u64) {
     let key = OffCpuKey {
         tgid: state.tgid,
-        state: state.offcpu_state,
+        state: offcpu_state,
         user_stack_id: state.offcpu_user_stack,
         kernel_stack_id: state.offcpu_kernel_stack,
     };
-    if let Some(value) = OFFCPU.get_ptr_mut(key) {
+    add_time(&OFFCPU, &key, off);
+}
+
+/// Adds a wait that ended at its wakeup to the wakeup relation.
+#[inline(always)]
+fn add_wake(state: &TaskState, waited: u64) {
+    let key = WakeKey {
+        tgid: state.tgid,
+        tid: state.tid,
+        waker_tgid: state.waker_tgid,
+        waker_tid: state.waker_tid,
+        state: state.offcpu_state,
+        user_stack_id: state.offcpu_user_stack,
+        kernel_stack_id: state.offcpu_kernel_stack,
+        waker_user_stack_id: state.waker_user_stack,
+    };
+    add_time(&WAKES, &key, waited);
+}
+
+/// Adds one interval of `ns` under `key`, counting it as lost when the map is full.
+#[inline(always)]
+fn add_time<K>(map: &HashMap<K, OffCpuValue>, key: &K, ns: u64) {
+    if let Some(value) = map.get_ptr_mut(key) {
         // SAFETY: map value pointers are valid and 8-byte aligned for the program's run.
         unsafe {
-            atomic::add(&raw mut (*value).total_ns, off);
+            atomic::add(&raw mut (*value).total_ns, ns);
             atomic::add(&raw mut (*value).count, 1);
         }
         return;
     }
-    let fresh = OffCpuValue { total_ns: off, count: 1 };
-    if OFFCPU.insert(key, fresh, BPF_NOEXIST as u64).is_err() {
-        match OFFCPU.get_ptr_mut(key) {
+    if map.insert(key, OffCpuValue { total_ns: ns, count: 1 }, BPF_NOEXIST as u64).is_err() {
+        match map.get_ptr_mut(key) {
             // SAFETY: as above.
             Some(value) => unsafe {
-                atomic::add(&raw mut (*value).total_ns, off);
+                atomic::add(&raw mut (*value).total_ns, ns);
                 atomic::add(&raw mut (*value).count, 1);
             },
             None => counters::add(Counter::OffCpuLost, 1),

@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use sysprof_common::signals::{self, SignalKey, action, origin};
 
-use crate::{maps::add_count, target};
+use crate::{maps::add_count, target, window};
 
 #[map]
 static SIGNALS: HashMap<SignalKey, u64> = HashMap::with_max_entries(signals::CAPACITY, 0);
@@ -28,7 +28,7 @@ const SI_TKILL: i32 = -6;
 #[btf_tracepoint(function = "signal_deliver")]
 pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) {
+    if !target::is_current_target_cached(tgid) || !window::open() {
         return 0;
     }
     if !add_count(&SIGNALS, &key_of(&ctx, tgid), 1)

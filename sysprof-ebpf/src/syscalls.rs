@@ -31,6 +31,7 @@ use sysprof_common::{
 
 use crate::{
     atomic, config::config, counters, histogram::record_weighted, memory, target, task_state::TASK_STATE,
+    window,
 };
 
 #[map]
@@ -56,7 +57,7 @@ const MAX_ERRNO: i64 = 4095;
 pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !target::is_current_target_cached(tgid) {
+    if !target::is_current_target_cached(tgid) || !window::open() {
         return 0;
     }
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
@@ -111,6 +112,10 @@ fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
+    // A call still in flight when the trace ends is not counted, as strace -c counts none.
+    if window::closed() {
+        return 0;
+    }
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
         return 0;

@@ -35,7 +35,12 @@ pub struct TaskState {
     /// Process and thread ids, recorded when `target` is decided.
     pub tgid: u32,
     pub tid: u32,
-    pub _pad: u32,
+    /// Who woke it from its last wait (see `sysprof_common::WakeKey`), valid while
+    /// `waker_seen` is 1: set at the wakeup, cleared when it leaves the CPU again.
+    pub waker_seen: u32,
+    pub waker_tgid: u32,
+    pub waker_tid: u32,
+    pub waker_user_stack: i32,
 }
 
 pub const UNDECIDED: u32 = 0;

@@ -332,6 +332,8 @@ impl UprobeTracers {
 pub struct Collected {
     pub ended_by: EndReason,
     pub elapsed: Duration,
+    /// CLOCK_MONOTONIC at the end, when the programs stopped counting.
+    pub end_ns: u64,
     /// Share of the run the kernel's BPF statistics were on (see `selfcost::StatsWindows`).
     pub stats_coverage: f64,
     /// The programs' statistics when the trace started (see `selfcost::StatsWindows`).
@@ -444,10 +446,15 @@ pub async fn collect(
     if let Some(ring) = &mut call_events {
         drain_calls(ring.get_mut(), calls);
     }
+    // The kernel side's end: nothing counts from here, however long the read-out takes.
+    let end_ns = crate::probes::monotonic_ns();
+    let elapsed = started.elapsed();
+    probes.set_u64(sysprof_common::names::TRACE_WINDOW, 1, end_ns)?;
     let stats_coverage = stats_windows.finish(probes);
     Ok(Collected {
         ended_by: reason,
-        elapsed: started.elapsed(),
+        elapsed,
+        end_ns,
         stats_coverage,
         stats_baseline: stats_windows.baseline,
         command,

@@ -69,7 +69,7 @@ impl fmt::Display for SampleEvent {
 pub enum Family {
     /// On-CPU stack sampling (perf_event).
     Cpu,
-    /// Context switches, run-queue latency, off-CPU time and stacks (sched_switch, sched_wakeup).
+    /// Context switches, run-queue latency, off-CPU time and stacks (sched_switch, sched_waking).
     Sched,
     /// Syscall counts, errors and latency (sys_enter, sys_exit).
     Syscalls,

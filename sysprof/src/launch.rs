@@ -65,6 +65,8 @@ impl GatedChild {
             command.pre_exec(move || {
                 libc::close(parent_pid_end);
                 libc::close(parent_gate_end);
+                // The command runs at the priority sysprof was started with, not sysprof's own.
+                crate::priority::restore_in_child();
                 // Killed with sysprof (even by SIGKILL, which sysprof cannot catch). It fires
                 // when the forking thread ends, which is the one that waits for the command.
                 // Before the pid is sent, so before the probes see this child: the trace shows

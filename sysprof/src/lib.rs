@@ -38,6 +38,7 @@ pub mod latency;
 pub(crate) mod launch;
 pub mod memory;
 pub mod output;
+mod priority;
 pub(crate) mod privileges;
 pub mod probes;
 pub(crate) mod procmaps;

@@ -80,6 +80,12 @@ pub struct MapSizes {
     pub live_allocations: u32,
 }
 
+/// Entries of a stack map's overflow: a quarter of the map's, as only the stacks whose bucket
+/// was taken land there.
+fn overflow_size(entries: u32) -> u32 {
+    (entries / 4).max(1)
+}
+
 /// A detach under way (see [`Probes::detach`]).
 pub struct Detaching(std::thread::JoinHandle<DetachReport>);
 
@@ -153,6 +159,9 @@ impl Probes {
             .map_max_entries(names::STACKS, sizes.stacks)
             .map_max_entries(names::CPU_STACKS, sizes.stacks)
             .map_max_entries(names::FAULT_TRACES, sizes.fault_stacks.max(1))
+            .map_max_entries(names::STACKS_OVERFLOW, overflow_size(sizes.stacks))
+            .map_max_entries(names::CPU_STACKS_OVERFLOW, overflow_size(sizes.stacks))
+            .map_max_entries(names::FAULT_TRACES_OVERFLOW, overflow_size(sizes.fault_stacks))
             .map_max_entries(names::LIVE_ALLOCS, sizes.live_allocations.max(1))
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.

@@ -102,11 +102,26 @@ impl<'a> MapReader<'a> {
 
     /// The stacks with these ids in the stack map `name`: id -> instruction pointers, innermost
     /// first.
+    /// The stacks of `ids` in stack map `name`, each id marked `stack::OVERFLOW` read from the
+    /// map's overflow (keyed by the marked id, as the programs gave it).
     pub(crate) fn stacks(
         &mut self,
         name: &str,
         ids: &BTreeSet<u32>,
     ) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
+        let flag = sysprof_common::stack::OVERFLOW as u32;
+        let (spilled, own): (BTreeSet<u32>, BTreeSet<u32>) = ids.iter().partition(|id| *id & flag != 0);
+        let mut stacks = self.stacks_of(name, &own)?;
+        if let Some(overflow) = sysprof_common::names::overflow_of(name)
+            && !spilled.is_empty()
+        {
+            let unmarked: BTreeSet<u32> = spilled.iter().map(|id| id & !flag).collect();
+            stacks.extend(self.stacks_of(overflow, &unmarked)?.into_iter().map(|(id, ips)| (id | flag, ips)));
+        }
+        Ok(stacks)
+    }
+
+    fn stacks_of(&mut self, name: &str, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
         match self {
             MapReader::Live { probes, kept } => {
                 let stacks = probes.stacks_in(name, ids)?;

@@ -36,6 +36,8 @@ const SYSCALL_SAMPLE_EVERY: u32 = 16;
 
 /// Runs one trace as configured and writes its results.
 pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
+    // Before the runtime's threads start: they inherit it.
+    crate::priority::raise();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -137,7 +139,6 @@ fn kernel_config(
         task_pid_offset: offsets.pid,
         task_tgid_offset: offsets.tgid,
         comm: resolved.comm,
-        start_ns: monotonic_ns(),
         // Each family sets its own options below.
         sched_stats: 0,
         syscall_burst: if config.time_every_syscall { 0 } else { SYSCALL_BURST },
@@ -268,8 +269,9 @@ async fn run(
     tracers.funcs.attach_ready(&mut probes, &processes);
     let ticks_at_start = CpuTicks::now();
     let started = std::time::Instant::now();
-    // The kernel side's start of the trace too: a thread on a CPU now is counted from here.
-    probes.set_u64(sysprof_common::names::TRACE_START, 0, monotonic_ns())?;
+    // The kernel side's start of the trace too: the programs count from here (a thread on a
+    // CPU now is counted from here).
+    probes.set_u64(sysprof_common::names::TRACE_WINDOW, 0, monotonic_ns())?;
     let command = match gated {
         // Interrupted while the probes were attached: the command never starts (dropping the
         // gate ends the child before it runs anything), and nothing was traced.
@@ -320,19 +322,19 @@ async fn run(
         command,
         stop_when_targets_exit: matches!(config.target, Target::Pids(_)),
     };
-    let collect::Collected { ended_by, elapsed, stats_coverage, stats_baseline, command } = collect::collect(
-        &mut probes,
-        events,
-        &mut tracers,
-        &mut processes,
-        plan,
-        &stop,
-        &status,
-        config.quiet,
-    )
-    .await?;
+    let collect::Collected { ended_by, elapsed, end_ns, stats_coverage, stats_baseline, command } =
+        collect::collect(
+            &mut probes,
+            events,
+            &mut tracers,
+            &mut processes,
+            plan,
+            &stop,
+            &status,
+            config.quiet,
+        )
+        .await?;
     status.finish();
-    let end_ns = monotonic_ns();
     // What sysprof launched does not outlive the trace (see CommandWatch::end).
     let command = match command {
         Some(command) => Some(command.end(&processes).await),

@@ -16,6 +16,9 @@
 //   sysload lockedsleep THREADS SECONDS
 //                                 THREADS threads that each hold one mutex across a 500 us
 //                                 sleep in sleep_holding_lock (a lock held across I/O)
+//   sysload tickers THREADS SECONDS
+//                                 THREADS threads that each wake every 10 ms for SECONDS;
+//                                 prints "cpu_ns=X", the process's CPU time
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -pthread -o sysload sysload.c
 #define _GNU_SOURCE
@@ -59,6 +62,8 @@ static double lock_deadline;
 // pthread_mutex_lock skips the function that called it: the wrapper's frame keeps the caller
 // (contended_worker) on the stack, as any program built with frame pointers would.
 __attribute__((noinline)) static void take_lock(void) { pthread_mutex_lock(&lock); }
+// The same for the unlock that wakes a waiter: its caller is the lock holder's code.
+__attribute__((noinline)) static void release_lock(void) { pthread_mutex_unlock(&lock); }
 
 __attribute__((noinline)) static void *contended_worker(void *arg) {
     (void)arg;
@@ -66,7 +71,7 @@ __attribute__((noinline)) static void *contended_worker(void *arg) {
         take_lock();
         // Hold the lock long enough that the others queue up behind it.
         for (int i = 0; i < 20000; i++) shared_counter += i;
-        pthread_mutex_unlock(&lock);
+        release_lock();
     }
     return NULL;
 }
@@ -76,9 +81,23 @@ __attribute__((noinline)) static void *sleep_holding_lock(void *arg) {
     while (now() < lock_deadline) {
         take_lock();
         usleep(500);
-        pthread_mutex_unlock(&lock);
+        release_lock();
     }
     return NULL;
+}
+
+static double ticker_deadline;
+
+__attribute__((noinline)) static void *ticker(void *arg) {
+    (void)arg;
+    while (now() < ticker_deadline) sleep_us(10000);
+    return NULL;
+}
+
+static double process_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
 int main(int argc, char **argv) {
@@ -163,6 +182,21 @@ int main(int argc, char **argv) {
         if (threads > 64) threads = 64;
         for (int t = 0; t < threads; t++) pthread_create(&ids[t], NULL, worker, NULL);
         for (int t = 0; t < threads; t++) pthread_join(ids[t], NULL);
+        return 0;
+    }
+    if (strcmp(mode, "tickers") == 0 && argc >= 4) {
+        int threads = atoi(argv[2]);
+        ticker_deadline = now() + atof(argv[3]);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        pthread_t *ids = calloc(threads, sizeof *ids);
+        if (!ids) return 1;
+        for (int t = 0; t < threads; t++) {
+            if (pthread_create(&ids[t], &attr, ticker, NULL) != 0) return 1;
+        }
+        for (int t = 0; t < threads; t++) pthread_join(ids[t], NULL);
+        printf("cpu_ns=%.0f\n", process_cpu_ns());
         return 0;
     }
     fprintf(stderr, "unknown mode %s\n", mode);

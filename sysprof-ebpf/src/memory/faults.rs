@@ -13,8 +13,8 @@ use sysprof_common::{Counter, FaultKey, capacity};
 use crate::{
     config::config,
     counters,
-    maps::{FAULT_TRACES, add_count, stack_id_counted},
-    target,
+    maps::{FAULT_TRACES, FAULT_TRACES_OVERFLOW, add_count, stack_id_counted},
+    target, window,
 };
 
 #[map]
@@ -40,7 +40,7 @@ pub fn fault_major(ctx: PerfEventContext) -> u32 {
 #[inline(always)]
 fn fault(ctx: &PerfEventContext, major: u32) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) {
+    if !target::is_current_target_cached(tgid) || !window::open() {
         return;
     }
     if !add_count(&FAULT_COUNTS, &((u64::from(tgid) << 1) | u64::from(major)), 1) {
@@ -57,11 +57,18 @@ fn fault(ctx: &PerfEventContext, major: u32) {
         major,
         user_stack_id: stack_id_counted(
             &FAULT_TRACES,
+            &FAULT_TRACES_OVERFLOW,
             ctx,
             BPF_F_USER_STACK as u64,
             Counter::FaultStacksLost,
         ),
-        kernel_stack_id: stack_id_counted(&FAULT_TRACES, ctx, 0, Counter::FaultStacksLost),
+        kernel_stack_id: stack_id_counted(
+            &FAULT_TRACES,
+            &FAULT_TRACES_OVERFLOW,
+            ctx,
+            0,
+            Counter::FaultStacksLost,
+        ),
     };
     if !add_count(&FAULT_STACKS, &key, u64::from(every)) {
         counters::add(Counter::FaultsLost, 1);

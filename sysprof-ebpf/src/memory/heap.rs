@@ -47,7 +47,8 @@ static ALLOC_STATE: TaskStorage<AllocInFlight> = TaskStorage::new();
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) {
+    // Not `window::open`: the heap probes' calibration runs before the trace starts.
+    if !target::is_current_target_cached(tgid) || crate::window::closed() {
         return 0;
     }
     let Some(state) = ALLOC_STATE.current(true) else { return 0 };

@@ -224,7 +224,11 @@ fn faults(out: &mut String, memory: &MemoryReport) {
         table(out, &["Process", "Faulting in", "Share of faults", "Faults"], &rows);
         let _ = writeln!(
             out,
-            "Counts are exact; stacks are taken for a sample of the faults (faults.svg, faults.folded).\n"
+            "Counts are every fault the process's own accesses took (the kernel's page-fault events); \
+             faults the kernel takes on its behalf through get_user_pages are not events and are not \
+             counted (about one per exec, as the new program's arguments are set up; ptrace or \
+             process_vm_readv of its memory), so getrusage's minor faults can be higher by about one \
+             per exec. Stacks are taken for a sample of the faults (faults.svg, faults.folded).\n"
         );
     }
 }

@@ -4,6 +4,7 @@
 pub(crate) mod probes;
 pub(crate) mod recommend;
 pub(crate) mod section;
+pub(crate) mod wakes;
 
 use std::{collections::HashMap, time::Duration};
 
@@ -32,6 +33,21 @@ pub struct SchedReport {
     pub utilization: f64,
     /// The longest off-CPU stacks, all processes together.
     pub top_offcpu: Vec<OffCpuStack>,
+    /// The wait-for graph: the longest waits by thread, reason and who ended them.
+    pub wakes: Vec<wakes::Wake>,
+    /// Where the lock a process's threads waited for was released, by the releasing function:
+    /// the critical sections that held them up.
+    pub lock_releases: Vec<LockRelease>,
+}
+
+/// A function that released a lock other threads of its process waited for.
+#[derive(Clone, Debug, Serialize)]
+pub struct LockRelease {
+    pub pid: u32,
+    pub released_in: String,
+    /// The waits its releases ended, and how many.
+    pub seconds: f64,
+    pub wakeups: u64,
 }
 
 /// One process's scheduling.
@@ -196,7 +212,7 @@ pub fn analyze(
                     let cpu = cpu_time_ns(t, end_ns) as f64 / 1e9;
                     ThreadRow {
                         tid: *tid,
-                        name: comm_to_string(&t.comm),
+                        name: thread_name(*tid, t, processes),
                         cpu_time_s: cpu,
                         utilization: cpu / wall_s,
                         voluntary_switches: t.voluntary,
@@ -260,7 +276,17 @@ pub fn analyze(
         .collect();
     rows.sort_by(|a, b| b.cpu_time_s.total_cmp(&a.cpu_time_s).then(a.pid.cmp(&b.pid)));
     let utilization = rows.iter().map(|r| r.cpu_time_s).sum::<f64>() / wall_s;
-    SchedReport { processes: rows, utilization, top_offcpu: top_offcpu(offcpu) }
+    SchedReport { processes: rows, utilization, top_offcpu: top_offcpu(offcpu), ..SchedReport::default() }
+}
+
+/// A thread's name: its own, kept at its first switch in the trace, except for a process's
+/// main thread, which may have switched before its exec (a launched command is sysprof's fork
+/// until then) and takes the process's name.
+pub fn thread_name(tid: u32, thread: &ThreadSched, processes: &ProcessTable) -> String {
+    match processes.get(tid).map(|p| p.name.as_str()).filter(|n| tid == thread.tgid && !n.is_empty()) {
+        Some(name) => name.to_string(),
+        None => comm_to_string(&thread.comm),
+    }
 }
 
 /// On-CPU time of a thread, counting the stretch it is still running at the end.
@@ -286,16 +312,26 @@ fn top_offcpu(offcpu: &StackProfile) -> Vec<OffCpuStack> {
                 process: stack.process.clone(),
                 reason,
                 seconds: stack.weight as f64 / 1e6,
-                blocked_in: code
-                    .iter()
-                    .rev()
-                    .find(|f| !f.is_kernel() && !f.module.is_empty() && !is_runtime_library(&f.module))
-                    .or_else(|| code.iter().rev().find(|f| !f.is_kernel() && !f.module.is_empty()))
-                    .map(|f| f.function.clone()),
+                blocked_in: innermost_own_function(code),
                 frames: code.iter().map(|f| f.function.clone()).collect(),
             }
         })
         .collect()
+}
+
+/// The innermost user function of `frames` (outermost first) that is the program's own code,
+/// not a runtime library's (else the innermost user function): who blocked, or who woke.
+pub fn innermost_own_function(frames: &[Frame]) -> Option<String> {
+    program_function(frames).or_else(|| frames.iter().rev().find(|f| is_user(f)).map(|f| f.function.clone()))
+}
+
+/// The innermost user function of `frames` that is the program's own code, if any.
+pub fn program_function(frames: &[Frame]) -> Option<String> {
+    frames.iter().rev().find(|f| is_user(f) && !is_runtime_library(&f.module)).map(|f| f.function.clone())
+}
+
+fn is_user(frame: &Frame) -> bool {
+    !frame.is_kernel() && !frame.module.is_empty() && !frame.function.starts_with('[')
 }
 
 /// Libraries whose frames name the mechanism (a futex wrapper, a syscall stub) rather than the

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use sysprof_common::{Config, LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSched, names};
+use sysprof_common::{Config, LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSched, WakeKey, names};
 
 use crate::{
     family::{Analysis, Family},
@@ -18,6 +18,8 @@ pub struct SchedDump {
     pub threads: Vec<(u32, ThreadSched)>,
     pub runq: Vec<(u32, LatencyHistogram)>,
     pub offcpu: Vec<(OffCpuKey, OffCpuValue)>,
+    /// The waits and who ended them (the wakeup relation).
+    pub wakes: Vec<(WakeKey, OffCpuValue)>,
     /// Stack id -> instruction pointers, innermost first.
     pub stacks: HashMap<u32, Vec<u64>>,
 }
@@ -40,7 +42,7 @@ impl Family for SchedFamily {
 
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         probes.attach_sched_switch()?;
-        probes.attach_sched_wakeup()
+        probes.attach_sched_waking()
     }
 
     fn read(&mut self, maps: &mut MapReader<'_>) -> anyhow::Result<()> {
@@ -49,7 +51,8 @@ impl Family for SchedFamily {
     }
 
     fn processes(&self) -> Vec<u32> {
-        self.dump.offcpu.iter().map(|(key, _)| key.tgid).collect()
+        let wakers = self.dump.wakes.iter().map(|(key, _)| key.waker_tgid).filter(|&pid| pid != 0);
+        self.dump.offcpu.iter().map(|(key, _)| key.tgid).chain(wakers).collect()
     }
 
     fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
@@ -64,9 +67,9 @@ impl Probes {
         self.attach_btf_tracepoint("sched_switch", "sched_switch")
     }
 
-    /// Attaches the wakeup program (run-queue latency).
-    pub fn attach_sched_wakeup(&mut self) -> anyhow::Result<()> {
-        self.attach_btf_tracepoint("sched_wakeup", "sched_wakeup")
+    /// Attaches the wakeup program (run-queue latency, the wakeup relation).
+    pub fn attach_sched_waking(&mut self) -> anyhow::Result<()> {
+        self.attach_btf_tracepoint("sched_waking", "sched_waking")
     }
 }
 
@@ -74,9 +77,15 @@ impl SchedDump {
     /// Reads the scheduler statistics and the off-CPU stacks.
     pub(crate) fn read(maps: &mut MapReader<'_>) -> anyhow::Result<Self> {
         let offcpu: Vec<(OffCpuKey, OffCpuValue)> = maps.entries(names::OFFCPU)?;
+        let wakes: Vec<(WakeKey, OffCpuValue)> = maps.entries(names::WAKES)?;
         let ids: BTreeSet<u32> = offcpu
             .iter()
             .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id])
+            .chain(
+                wakes
+                    .iter()
+                    .flat_map(|(key, _)| [key.user_stack_id, key.kernel_stack_id, key.waker_user_stack_id]),
+            )
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
         Ok(SchedDump {
@@ -84,6 +93,7 @@ impl SchedDump {
             runq: maps.entries(names::RUNQ_LATENCY)?,
             stacks: maps.stacks(names::STACKS, &ids)?,
             offcpu,
+            wakes,
         })
     }
 }

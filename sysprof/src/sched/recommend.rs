@@ -33,8 +33,10 @@ pub fn sched_recommendations(
     let worst_p99 =
         sched.processes.iter().filter_map(|p| p.runq_latency).map(|r| r.p99_ns).max().unwrap_or(0);
     let threads: usize = sched.processes.iter().map(|p| p.threads.max(1)).sum();
-    let own = sched.utilization >= SATURATED * f64::from(cpus);
     let machine = machine_busy.is_some_and(|busy| busy >= SATURATED);
+    // Its own threads saturate the CPUs, or take most of a saturated machine (the rest is the
+    // kernel's and other processes' share, which is then not the cause).
+    let own = sched.utilization >= SATURATED * f64::from(cpus) || (machine && sched.utilization >= others);
     if (own || machine) && involuntary_per_s >= INVOLUNTARY_PER_S {
         let seconds = runq_s / threads.max(1) as f64;
         let (title, action) = if own {
@@ -98,11 +100,12 @@ pub fn sched_recommendations(
             format!("Lock contention in {}", process.name),
             format!(
                 "{:.2} s off CPU for lock contention across {} threads ({:.1}% of their time, {mean_wait:.2} s \
-                 each on average){cap}{}",
+                 each on average){cap}{}{}",
                 reason.seconds,
                 process.threads,
                 share * 100.0,
-                longest_wait(sched, &[process.pid], &reason.reason)
+                longest_wait(sched, &[process.pid], &reason.reason),
+                released_by(sched, process.pid)
             ),
             "Shorten critical sections, split the lock (per shard or per thread), or use lock-free queues; \
              check the blocking stacks in offcpu.svg",
@@ -164,6 +167,25 @@ pub fn sched_recommendations(
     recommendations
 }
 
+/// "; the lock is released in F, ...": the holder's code, from the wakeup relation (the
+/// thread whose unlock woke the waiters), which is the critical section to shorten.
+fn released_by(sched: &SchedReport, pid: u32) -> String {
+    let mut releases = sched.lock_releases.iter().filter(|r| r.pid == pid);
+    let Some(top) = releases.next() else { return String::new() };
+    let others = releases.count();
+    format!(
+        "; the lock is released in {} (its unlocks woke waiters {} times, ending {:.2} s of waits{}): the \
+         critical section that holds them up",
+        top.released_in,
+        crate::report::format::thousands(top.wakeups),
+        top.seconds,
+        match others {
+            0 => String::new(),
+            n => format!("; {n} other function{} release it too", if n == 1 { "" } else { "s" }),
+        }
+    )
+}
+
 /// "; the longest waits are in F (S s)": the longest wait for `reason` of these processes, and
 /// the function that blocked.
 fn longest_wait(sched: &SchedReport, pids: &[u32], reason: &str) -> String {
@@ -206,7 +228,7 @@ mod tests {
     fn the_processes_of_one_program_are_one_cause() {
         // Four compilers, two at a time, in a 1 s build: 0.5 s of lifetime each, 0.1 s on the disk.
         let processes = (0..4).map(|i| process(100 + i, "cc1", 0.5, 0.1)).collect();
-        let sched = SchedReport { processes, utilization: 1.6, top_offcpu: vec![] };
+        let sched = SchedReport { processes, utilization: 1.6, ..SchedReport::default() };
         let advice = sched_recommendations(&sched, 2, Some(0.8), 1.0);
         assert_eq!(advice.len(), 1, "{advice:#?}");
         assert_eq!(advice[0].title, "cc1 waits on disk I/O");

@@ -3,7 +3,11 @@
 
 use std::fmt::Write as _;
 
-use super::{SchedDump, SchedReport, offcpu_reason, offcpu_samples, recommend::sched_recommendations};
+use super::{
+    LockRelease, SchedDump, SchedReport, offcpu_reason, offcpu_samples,
+    recommend::sched_recommendations,
+    wakes::{self, Wake},
+};
 use crate::{
     family::Analysis,
     latency::format_ns,
@@ -27,7 +31,12 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
     let offcpu = profile::build(&samples, &resolved, cx.processes, "us", |sample, kernel| {
         Some(format!("[{}]", offcpu_reason(sample.tag, kernel, resolved.user_frames(sample))))
     });
-    let report = super::analyze(dump, &offcpu, cx.processes, cx.run.elapsed, cx.run.end_ns);
+    let mut report = super::analyze(dump, &offcpu, cx.processes, cx.run.elapsed, cx.run.end_ns);
+    let names = wakes::thread_names(&dump.threads, cx.processes);
+    let mut wakes = wakes::analyze(&dump.wakes, &dump.stacks, &names, cx.processes, cx.symbolizer);
+    report.lock_releases = lock_releases(&wakes);
+    wakes.truncate(wakes::TOP_WAKES);
+    report.wakes = wakes;
     // The time model's check: a thread is on a CPU or off it, never both, and only while it
     // lives; what is over is said, not hidden.
     for process in &report.processes {
@@ -49,6 +58,28 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
     ));
     cx.add_profile("offcpu", "off-CPU (microseconds blocked)", offcpu);
     report
+}
+
+/// The functions whose releases ended lock waits, per process, most waiting ended first.
+fn lock_releases(wakes: &[Wake]) -> Vec<LockRelease> {
+    let mut releases: Vec<LockRelease> = Vec::new();
+    for wake in wakes.iter().filter(|w| w.reason == "lock contention" && w.waker_pid == Some(w.pid)) {
+        let Some(function) = &wake.waker_in else { continue };
+        match releases.iter_mut().find(|r| r.pid == wake.pid && r.released_in == *function) {
+            Some(release) => {
+                release.seconds += wake.seconds;
+                release.wakeups += wake.wakeups;
+            }
+            None => releases.push(LockRelease {
+                pid: wake.pid,
+                released_in: function.clone(),
+                seconds: wake.seconds,
+                wakeups: wake.wakeups,
+            }),
+        }
+    }
+    releases.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    releases
 }
 
 impl Section for SchedReport {
@@ -223,4 +254,39 @@ fn markdown(out: &mut String, sched: &SchedReport) {
             .collect();
         table(out, &["Process", "Reason", "Time", "Blocked in", "Innermost frames"], &rows);
     }
+    wait_for(out, &sched.wakes);
+}
+
+/// The wait-for graph: who ended the longest waits of the target's threads.
+fn wait_for(out: &mut String, wakes: &[Wake]) {
+    if wakes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "### Off-CPU: who woke whom
+"
+    );
+    let _ = writeln!(
+        out,
+        "The longest waits by thread and by who ended them: the thread that woke it from a system call \
+         (an unlock, a post, a write, an exit) and its code as it did, or an interrupt (a timer, a device).\n"
+    );
+    let code =
+        |f: &Option<String>| f.as_deref().map(|f| format!("`{}`", escape(f))).unwrap_or_else(|| "-".into());
+    let rows: Vec<Vec<String>> = wakes
+        .iter()
+        .map(|w| {
+            vec![
+                format!("{} ({})", escape(&w.thread), w.tid),
+                w.reason.clone(),
+                format_ns((w.seconds * 1e9) as u64),
+                thousands(w.wakeups),
+                code(&w.blocked_in),
+                escape(&w.woken_by),
+                code(&w.waker_in),
+            ]
+        })
+        .collect();
+    table(out, &["Thread", "Reason", "Waited", "Wakeups", "Blocked in", "Woken by", "Waker's code"], &rows);
 }

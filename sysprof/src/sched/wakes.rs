@@ -1,0 +1,132 @@
+//! The wakeup relation: for each wait of a target thread, who ended it. The kernel side keeps,
+//! at `sched_waking` (run by the waker), the thread that woke the waiter from a system call
+//! and, when that thread is a target's, its user stack: the unlock that let a lock's waiter
+//! go, the exit a join waited for, the write a reader waited for. A wait an interrupt ended (a
+//! timer, a device) has no waker thread. Grouped by waiter thread, reason and waker, this is
+//! the wait-for graph of the target's threads, and it names what held a held-up thread up.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use sysprof_common::{OffCpuValue, WakeKey, stack};
+
+use super::{innermost_own_function, offcpu_reason, program_function, thread_name};
+use crate::{
+    procs::ProcessTable,
+    profile::{ResolvedStacks, StackSample},
+    symbolize::Symbolizer,
+};
+
+/// Rows of the wait-for table.
+pub const TOP_WAKES: usize = 12;
+
+/// Waits of one thread, for one reason, ended by one waker.
+#[derive(Clone, Debug, Serialize)]
+pub struct Wake {
+    pub pid: u32,
+    pub tid: u32,
+    /// The waiting thread's name.
+    pub thread: String,
+    pub reason: String,
+    pub seconds: f64,
+    pub wakeups: u64,
+    /// The innermost function of the program where the thread blocked.
+    pub blocked_in: Option<String>,
+    /// Who ended the waits: "thread NAME (TID)", "process NAME (PID)" or "an interrupt (a
+    /// timer or a device)".
+    pub woken_by: String,
+    pub waker_pid: Option<u32>,
+    pub waker_tid: Option<u32>,
+    /// The innermost function of the waker's program (not a runtime library's) as it woke the
+    /// thread (the unlock, the post, the exit), when the waker is a target thread.
+    pub waker_in: Option<String>,
+}
+
+/// The waits of `wakes` grouped by thread, reason and waker, longest first.
+pub fn analyze(
+    wakes: &[(WakeKey, OffCpuValue)],
+    stacks: &HashMap<u32, Vec<u64>>,
+    thread_names: &HashMap<u32, String>,
+    processes: &mut ProcessTable,
+    symbolizer: &mut Symbolizer,
+) -> Vec<Wake> {
+    let sample = |tgid: u32, user_stack_id: i32, kernel_stack_id: i32| StackSample {
+        tgid,
+        tid: tgid,
+        user_stack_id,
+        kernel_stack_id,
+        comm: None,
+        weight: 0,
+        tag: 0,
+    };
+    let samples: Vec<StackSample> = wakes
+        .iter()
+        .flat_map(|(key, _)| {
+            let waiter = sample(key.tgid, key.user_stack_id, key.kernel_stack_id);
+            let waker =
+                (key.waker_tgid != 0).then(|| sample(key.waker_tgid, key.waker_user_stack_id, stack::NONE));
+            std::iter::once(waiter).chain(waker)
+        })
+        .collect();
+    let resolved = ResolvedStacks::resolve(&samples, stacks, processes, symbolizer);
+
+    let mut grouped: HashMap<(u32, &'static str, u32, Option<String>), Wake> = HashMap::new();
+    for (key, value) in wakes {
+        let waiter = sample(key.tgid, key.user_stack_id, key.kernel_stack_id);
+        let user = resolved.user_frames(&waiter);
+        let reason = offcpu_reason(key.state, resolved.kernel_frames(&waiter), user);
+        let waker_in = (key.waker_tgid != 0)
+            .then(|| {
+                program_function(resolved.user_frames(&sample(
+                    key.waker_tgid,
+                    key.waker_user_stack_id,
+                    stack::NONE,
+                )))
+            })
+            .flatten();
+        let wake =
+            grouped.entry((key.tid, reason, key.waker_tid, waker_in.clone())).or_insert_with(|| Wake {
+                pid: key.tgid,
+                tid: key.tid,
+                thread: thread_names.get(&key.tid).cloned().unwrap_or_else(|| format!("tid {}", key.tid)),
+                reason: reason.to_string(),
+                seconds: 0.0,
+                wakeups: 0,
+                blocked_in: None,
+                woken_by: woken_by(key, thread_names, processes),
+                waker_pid: (key.waker_tgid != 0).then_some(key.waker_tgid),
+                waker_tid: (key.waker_tid != 0).then_some(key.waker_tid),
+                waker_in,
+            });
+        wake.seconds += value.total_ns as f64 / 1e9;
+        wake.wakeups += value.count;
+        if wake.blocked_in.is_none() {
+            wake.blocked_in = innermost_own_function(user);
+        }
+    }
+    let mut rows: Vec<Wake> = grouped.into_values().collect();
+    rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then(a.tid.cmp(&b.tid)));
+    rows
+}
+
+/// The waker, named: a thread of a target (its name and id), another process, or an interrupt.
+fn woken_by(key: &WakeKey, thread_names: &HashMap<u32, String>, processes: &ProcessTable) -> String {
+    if key.waker_tid == 0 {
+        return "an interrupt (a timer or a device)".into();
+    }
+    if let Some(name) = thread_names.get(&key.waker_tid) {
+        return format!("thread {name} ({})", key.waker_tid);
+    }
+    match processes.get(key.waker_tgid).map(|p| p.name.as_str()).filter(|n| !n.is_empty()) {
+        Some(name) => format!("process {name} ({})", key.waker_tgid),
+        None => format!("pid {}", key.waker_tgid),
+    }
+}
+
+/// Thread names by id, from the scheduler's per-thread statistics.
+pub fn thread_names(
+    threads: &[(u32, sysprof_common::ThreadSched)],
+    processes: &ProcessTable,
+) -> HashMap<u32, String> {
+    threads.iter().map(|(tid, t)| (*tid, thread_name(*tid, t, processes))).collect()
+}
