@@ -271,3 +271,30 @@ fn a_page_fault_storm_is_named_first() {
     assert_eq!(top["title"], "Page-fault storm in memload", "{:#}", report["recommendations"]);
     assert_no_advice_on_mechanism(&report);
 }
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn an_exec_heavy_run_keeps_its_stacks() {
+    let Some(_guard) = root_guard("an_exec_heavy_run_keeps_its_stacks") else { return };
+    // 150 short processes, each faulting in its own address space: thousands of distinct
+    // stacks, which collide in a direct-mapped stack map; the overflow maps keep them.
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "-o"])
+        .arg(dir.path())
+        .args(["--", "sh", "-c", "for i in $(seq 1 150); do ls / >/dev/null; done"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    let lost = &report["run"]["lost"];
+    let faults = read_folded(&dir.path().join("faults.folded"));
+    let distinct = faults.len();
+    // Each sampled fault stack stands for 8 faults.
+    let sampled: u64 = faults.iter().map(|(_, weight)| weight).sum::<u64>() / 8;
+    assert!(distinct > 500, "only {distinct} distinct fault stacks: not the load this test needs");
+    let lost_faults = lost["fault_stacks"].as_u64().unwrap();
+    assert!(lost_faults * 100 <= sampled, "{lost_faults} of {sampled} sampled fault stacks lost: {lost:#}");
+    assert_eq!(lost["user_stacks"], 0, "{lost:#}");
+    assert_eq!(lost["kernel_stacks"], 0, "{lost:#}");
+}

@@ -226,8 +226,9 @@ pub mod stack {
     /// The stack existed but was dropped: its bucket was taken in both its map and the
     /// overflow.
     pub const LOST: i32 = -2;
-    /// Marks an id in a stack map's overflow map (see `names::STACKS_OVERFLOW`).
-    pub const OVERFLOW: i32 = 1 << 30;
+    /// Marks an id in a stack map's overflow map (see `names::STACKS_OVERFLOW`); below the
+    /// ids userspace gives the stacks it rebuilds (1 << 30).
+    pub const OVERFLOW: i32 = 1 << 29;
 }
 
 /// In-kernel counters, summed over CPUs by userspace. Each names something sysprof saw or lost.

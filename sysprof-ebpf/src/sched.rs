@@ -170,7 +170,9 @@ fn switch_in(next: *mut task_struct, now: u64) {
         if woken < now {
             add_offcpu(state, 0, now - woken);
         }
-        if let Some(thread) = thread_sched(state, false) {
+        // Created here if this wait is the first the trace sees of the thread, so that its
+        // off-CPU time and its reasons agree.
+        if let Some(thread) = thread_sched(state, true) {
             thread.offcpu_ns += now.saturating_sub(from);
         }
     }

@@ -73,7 +73,10 @@ pub fn fault_sites(faults: &StackProfile) -> Vec<FaultSite> {
     let total = faults.total().max(1) as f64;
     let mut sites: BTreeMap<(u32, String, String), u64> = BTreeMap::new();
     for stack in &faults.stacks {
+        // The program's own frame; else the innermost user frame (a libc function whose caller
+        // a frame-pointer walk could not see); else there was no user stack.
         let site = callsites::own_frame(&stack.frames)
+            .or_else(|| stack.frames.iter().rev().find(|f| !f.is_kernel() && !f.function.starts_with('[')))
             .map(callsites::describe)
             .unwrap_or_else(|| "[no user stack]".into());
         *sites.entry((stack.pid, stack.process.clone(), site)).or_default() += stack.weight;

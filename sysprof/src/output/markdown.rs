@@ -61,7 +61,7 @@ fn run_summary(out: &mut String, report: &Report) {
             "Machine CPU".into(),
             match run.machine_busy_share {
                 Some(busy) => format!(
-                    "{:.1}% busy, {:.1}% idle, all CPUs together (/proc/stat); idle CPUs are not sampled",
+                    "{:.1}% busy, {:.1}% idle, all CPUs together (/proc/stat)",
                     busy * 100.0,
                     (1.0 - busy) * 100.0
                 ),

@@ -135,12 +135,13 @@ pub fn offcpu_reason(state: u32, kernel: &[Frame], user: &[Frame]) -> &'static s
         } else {
             "futex wait (condition, join, semaphore)"
         }
+    } else if any(&["ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "core_sys_select"]) {
+        // Before the sleeps: a select or poll with a timeout sleeps in poll_schedule_timeout.
+        "poll/epoll wait"
     } else if any(&["nanosleep", "hrtimer_sleep", "do_nanosleep", "schedule_timeout"])
         && state & UNINTERRUPTIBLE == 0
     {
         "sleep"
-    } else if any(&["ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "core_sys_select"]) {
-        "poll/epoll wait"
     } else if any(&[
         "pipe_read",
         "pipe_write",
@@ -352,6 +353,10 @@ mod tests {
     fn reasons_from_state_and_kernel_stack() {
         assert_eq!(offcpu_reason(0, &kernel(&["schedule"]), &[]), "preempted");
         assert_eq!(offcpu_reason(TASK_REPORT_MAX, &[], &[]), "preempted");
+        // make's pselect with a timeout sleeps in poll_schedule_timeout: a poll, not a sleep.
+        let pselect =
+            kernel(&["do_select", "poll_schedule_timeout.constprop.0", "schedule_hrtimeout_range_clock"]);
+        assert_eq!(offcpu_reason(1, &pselect, &[]), "poll/epoll wait");
         assert_eq!(
             offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait", "schedule"]), &[]),
             "futex wait (condition, join, semaphore)"
