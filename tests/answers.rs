@@ -298,3 +298,61 @@ fn an_exec_heavy_run_keeps_its_stacks() {
     assert_eq!(lost["user_stacks"], 0, "{lost:#}");
     assert_eq!(lost["kernel_stacks"], 0, "{lost:#}");
 }
+
+/// Traces the GPU workload with the libcudart and libnccl test doubles (no GPU here): every
+/// call succeeds and takes a known time.
+fn trace_gpu(args: &[&str]) -> Value {
+    let dir = output_dir();
+    let out = sysprof()
+        .env("LD_LIBRARY_PATH", gpu_doubles())
+        .args(["trace", "-q", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(gpu_app())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    read_report(dir.path())
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn pageable_copies_are_named_first_with_what_pinning_wins() {
+    let Some(_guard) = root_guard("pageable_copies_are_named_first_with_what_pinning_wins") else { return };
+    // 800 copies of 1 MiB at the double's 1 GB/s: about 0.84 s, which pinned memory at 25 GB/s
+    // would bring down to 1/25 of that.
+    let report = trace_gpu(&["pageable", "800"]);
+    let top = first(&report);
+    assert_eq!(
+        top["title"], "Pin the host memory of host-to-device copies",
+        "{:#}",
+        report["recommendations"]
+    );
+    let copy_s = 800.0 * (1u64 << 20) as f64 / 1e9;
+    let expected = copy_s * (1.0 - 1.0 / 25.0);
+    assert!(
+        (seconds(top) / expected - 1.0).abs() < 0.25,
+        "{} s against {expected:.2} s: {top:#}",
+        seconds(top)
+    );
+    assert_no_advice_on_mechanism(&report);
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_sync_after_every_launch_is_named_first() {
+    let Some(_guard) = root_guard("a_sync_after_every_launch_is_named_first") else { return };
+    // 400 launches each followed by a 2 ms synchronize: 0.8 s blocked, half of which the host
+    // could spend launching ahead.
+    let report = trace_gpu(&["syncs", "400"]);
+    let top = first(&report);
+    assert_eq!(top["title"], "Stop synchronizing after every launch", "{:#}", report["recommendations"]);
+    let expected = 0.5 * 400.0 * 0.002;
+    assert!(
+        (seconds(top) / expected - 1.0).abs() < 0.25,
+        "{} s against {expected:.2} s: {top:#}",
+        seconds(top)
+    );
+    assert_no_advice_on_mechanism(&report);
+}

@@ -10,6 +10,10 @@
 //                     upload_constant_input and never freed on either side; a 1 MiB heap buffer
 //                     copied once then freed on the host; a 512 KiB heap buffer copied once and
 //                     kept (with the test doubles)
+//   gpu_app pageable N   N host-to-device copies of 1 MiB from pageable memory in load_batch (with
+//                        the test doubles: 1 GB/s, about N ms)
+//   gpu_app syncs N      N launches, each followed by a cudaDeviceSynchronize in step (with the
+//                        test doubles: 2 ms per synchronize)
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -o gpu_app gpu_app.c -L DIR -l:libcudart.so.12 -l:libnccl.so.2
 #include <stdio.h>
@@ -108,6 +112,16 @@ __attribute__((noinline)) static void redundant_copies(void) {
     cudaMemcpy(dev_kept, kept, 512 << 10, cudaMemcpyHostToDevice);
 }
 
+__attribute__((noinline)) static void load_batch(void *dev) {
+    cudaMemcpy(dev, pageable, 1 << 20, cudaMemcpyHostToDevice);
+}
+
+__attribute__((noinline)) static void step(void) {
+    dim3 grid = {64, 1, 1}, block = {256, 1, 1};
+    cudaLaunchKernel((void *)vector_add_kernel_stub, grid, block, NULL, 0, NULL);
+    cudaDeviceSynchronize();
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "api") == 0) {
         api_calls();
@@ -115,6 +129,16 @@ int main(int argc, char **argv) {
     }
     if (argc >= 2 && strcmp(argv[1], "success") == 0) {
         success_paths();
+        return 0;
+    }
+    if (argc >= 3 && strcmp(argv[1], "pageable") == 0) {
+        void *dev = NULL;
+        cudaMalloc(&dev, 1 << 20);
+        for (long i = 0, n = atol(argv[2]); i < n; i++) load_batch(dev);
+        return 0;
+    }
+    if (argc >= 3 && strcmp(argv[1], "syncs") == 0) {
+        for (long i = 0, n = atol(argv[2]); i < n; i++) step();
         return 0;
     }
     if (argc >= 2 && strcmp(argv[1], "redundant") == 0) {

@@ -67,6 +67,9 @@ pub struct NcclRow {
     /// Host-side time of the call: NCCL enqueues the collective and returns.
     pub enqueue_p50_ns: u64,
     pub enqueue_p99_ns: u64,
+    /// The median time from a call to the return of the thread's next synchronize, over the
+    /// calls that had one: a collective's time as the host waits for it.
+    pub completed_p50_s: Option<f64>,
     /// From the call to the return of the thread's next synchronize, when there was one.
     pub algbw_gb_s: Option<f64>,
     pub busbw_gb_s: Option<f64>,
@@ -189,7 +192,10 @@ pub fn build(
             let seconds: f64 = n.completed.iter().map(|(_, s, _)| s).sum();
             let algbw = (seconds > 0.0).then(|| bytes as f64 / seconds / 1e9);
             let ranks = n.completed.iter().map(|(_, _, r)| *r).max().unwrap_or(1);
+            let mut times: Vec<f64> = n.completed.iter().map(|(_, s, _)| *s).collect();
+            times.sort_by(f64::total_cmp);
             NcclRow {
+                completed_p50_s: times.get(times.len() / 2).copied(),
                 op: *op,
                 calls: n.calls,
                 errors: n.errors,
@@ -354,10 +360,9 @@ const SMALL_NCCL: u64 = 1 << 20;
 /// Recommendations from the GPU figures.
 /// A pinned host-to-device copy's bandwidth on a PCIe 4.0 x16 link, what a pageable copy is
 /// weighed against.
-const PINNED_H2D_GB_S: f64 = 25.0;
+pub(crate) const PINNED_H2D_GB_S: f64 = 25.0;
 
-pub fn recommendations(gpu: &GpuReport, wall_s: f64) -> Vec<Recommendation> {
-    let wall_s = wall_s.max(1e-9);
+pub fn recommendations(gpu: &GpuReport) -> Vec<Recommendation> {
     let mut out = Vec::new();
     if let Some(h2d) = gpu.interconnect.iter().find(|t| t.kind == "H2D")
         && h2d.pageable > 0
@@ -427,11 +432,31 @@ pub fn recommendations(gpu: &GpuReport, wall_s: f64) -> Vec<Recommendation> {
         });
     }
     for row in gpu.nccl.iter().filter(|n| n.calls >= 100 && n.size_p50 < SMALL_NCCL) {
+        // Small collectives are latency-bound: each costs about the same however few bytes it
+        // carries. Fused into buckets of SMALL_NCCL, the calls (and their latencies) shrink by
+        // the ratio of the sizes; what is left of their time is what comes back. Their time is
+        // the median wait for one as the host saw it, else the host-side call alone.
+        let (each_s, measured) = match row.completed_p50_s {
+            Some(each) => (each, "the median wait for one to complete"),
+            None => (row.enqueue_p50_ns as f64 / 1e9, "the median host-side call (none was waited for)"),
+        };
+        let time_s = each_s * row.calls as f64;
+        let fused = (row.size_p50.max(1) as f64 / SMALL_NCCL as f64).min(1.0);
+        let seconds = time_s * (1.0 - fused);
         out.push(Recommendation {
-            seconds: 0.05 * wall_s,
+            seconds,
             impact: 0.0,
             title: format!("Fuse small NCCL {:?} messages", row.op),
-            evidence: format!("{} calls, median message {}", thousands(row.calls), bytes(row.size_p50)),
+            evidence: format!(
+                "{} calls, median message {}, {:.2} s at {} each ({measured}); in buckets of {} the \
+                 calls would be {:.0}x fewer",
+                thousands(row.calls),
+                bytes(row.size_p50),
+                time_s,
+                crate::latency::format_ns((each_s * 1e9) as u64),
+                bytes(SMALL_NCCL),
+                1.0 / fused
+            ),
             action:
                 "Bucket gradients into larger all-reduces (DDP bucket_cap_mb, FSDP/ZeRO bucket sizes), or \
                      group calls with ncclGroupStart/End: small messages are latency-bound"

@@ -35,7 +35,7 @@ impl Family for GpuFamily {
         let wall_s = cx.wall_s();
         let gpu =
             report::build(outcome.libraries.clone(), state, &calls, cx.names, wall_s, cx.run.probe_cost_ns);
-        cx.recommendations.extend(report::recommendations(&gpu, wall_s));
+        cx.recommendations.extend(report::recommendations(&gpu));
         Ok(Some(Box::new(gpu)))
     }
 }

@@ -382,6 +382,8 @@ pub fn limitations(memory: &MemoryReport, processes: &ProcessTable) -> Vec<Strin
     lines
 }
 
+/// A pinned host-to-device copy's bandwidth on a PCIe 4.0 x16 link.
+const PINNED_H2D_GB_S: f64 = crate::gpu::report::PINNED_H2D_GB_S;
 /// What one minor fault costs, roughly (trap, page allocation and zeroing, return).
 const MINOR_FAULT_S: f64 = 1e-6;
 /// And a major one (a read from disk, on a fast one).
@@ -398,6 +400,13 @@ const ALLOCATION_S: f64 = 60e-9;
 /// Data kept on both sides that is worth freeing.
 const BOTH_SIDES_WORTH_FREEING: u64 = 64 << 20;
 
+/// Bytes copied to a GPU and still allocated on the host, when worth freeing: memory, not time,
+/// so the memory section says it and the ranked recommendations (seconds) do not.
+pub fn worth_freeing(memory: &MemoryReport) -> Option<u64> {
+    let both: u64 = memory.copied_ranges.iter().filter(|r| r.on_both_sides).map(|r| r.bytes).sum();
+    (both >= BOTH_SIDES_WORTH_FREEING).then_some(both)
+}
+
 /// Recommendations from the memory figures. `h2d_gb_s` is the achieved host-to-device bandwidth,
 /// when known, to put a time on copies that need not happen.
 pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64) -> Vec<Recommendation> {
@@ -405,9 +414,17 @@ pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64
     let mut out = Vec::new();
     let recopied: Vec<&CopiedRange> = memory.copied_ranges.iter().filter(|r| r.copies >= 3).collect();
     if let Some(top) = recopied.iter().max_by_key(|r| r.recopied) {
-        // Without a measured bandwidth, assume PCIe 4.0 x16's practical 25 GB/s.
+        // Without a measured bandwidth, assume PCIe 4.0 x16's practical 25 GB/s. Copies from
+        // pageable memory are weighed at that pinned bandwidth whatever they achieved: pinning
+        // them is a recommendation of its own, which counts the rest of their time, and the two
+        // wins must not add up to more than the copies took.
         let again: u64 = recopied.iter().map(|r| r.recopied).sum();
-        let seconds = again as f64 / (h2d_gb_s.unwrap_or(25.0) * 1e9);
+        let pinned = recopied.iter().all(|r| matches!(r.host_evidence, HostEvidence::PinnedAllocation));
+        let gb_s = match pinned {
+            true => h2d_gb_s.unwrap_or(PINNED_H2D_GB_S),
+            false => h2d_gb_s.unwrap_or(0.0).max(PINNED_H2D_GB_S),
+        };
+        let seconds = again as f64 / (gb_s * 1e9);
         out.push(Recommendation::new(
             seconds,
             "Keep data that is copied to the GPU again and again on the GPU",
@@ -425,22 +442,6 @@ pub fn recommendations(memory: &MemoryReport, h2d_gb_s: Option<f64>, wall_s: f64
             "Copy it once and reuse the device copy: cache constant inputs and weights on the device, move \
              the copy out of the loop",
         ));
-    }
-    let both: u64 = memory.copied_ranges.iter().filter(|r| r.on_both_sides).map(|r| r.bytes).sum();
-    if both >= BOTH_SIDES_WORTH_FREEING {
-        out.push(Recommendation {
-            // Memory, not time: listed last, at the smallest share worth a line.
-            seconds: crate::report::recommendation::WORTH_A_LINE * wall_s,
-            impact: 0.0,
-            title: "Free host copies of data that lives on the GPU".into(),
-            evidence: format!(
-                "{} copied to a GPU is still allocated on the host too (memory, not time)",
-                bytes(both)
-            ),
-            action: "Release the host buffer once the device copy exists, or stage through one reused \
-                     pinned buffer"
-                .into(),
-        });
     }
     for process in &memory.processes {
         let major_per_s = process.major_faults as f64 / wall_s;

@@ -151,6 +151,15 @@ fn overview(out: &mut String, memory: &MemoryReport) {
          their highest. Redundancy: bytes copied to a GPU and still allocated on both sides at the end; \
          bytes moved host-to-device again from a range already copied.\n"
     );
+    if let Some(both) = super::report::worth_freeing(memory) {
+        let _ = writeln!(
+            out,
+            "**Memory to free**: {} copied to a GPU is still allocated on the host too. Release the host \
+             buffer once the device copy exists, or stage through one reused pinned buffer (memory, not \
+             time: not among the ranked recommendations).\n",
+            crate::report::format::bytes(both)
+        );
+    }
 }
 
 fn usage(out: &mut String, memory: &MemoryReport) {

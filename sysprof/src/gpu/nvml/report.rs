@@ -203,9 +203,10 @@ pub fn build(
     }
 }
 
-/// Recommendations from the GPU metrics, joined with the traced calls.
-/// The GPU metrics' recommendations; their seconds are shares of the trace's `wall_s` that NVML
-/// cannot resolve any finer.
+/// The GPU metrics' recommendations, joined with the traced calls; their seconds come from
+/// NVML's utilization over the trace's `wall_s`, which it cannot resolve any finer. Unbalanced
+/// memory is memory, not time: the section says it (see [`unbalanced_memory`]). A PCIe link far
+/// below its peak with pageable copies is the GPU family's pinning advice, not a second one.
 pub fn recommendations(
     metrics: &GpuMetricsReport,
     gpu: Option<&GpuReport>,
@@ -227,62 +228,49 @@ pub fn recommendations(
             });
         }
     }
+    // Work not spread across the GPUs: the busiest GPU's busy time, shared with the idle ones,
+    // shrinks by their share of all the GPUs. One cause, one recommendation, naming them all.
     let busiest = metrics.devices.iter().filter_map(|d| d.sm_util_mean).fold(0.0, f64::max);
-    for device in &metrics.devices {
-        if busiest >= 50.0 && device.sm_util_max.is_some_and(|m| m < 5) {
-            out.push(Recommendation {
-                seconds: 0.2 * wall_s,
-                impact: 0.0,
-                title: format!("GPU {} sat idle", device.device),
-                evidence: format!("its SM utilization never passed 5% while another GPU averaged {busiest:.0}%"),
-                action: "Spread the work (data or model parallelism across all GPUs), or free the idle GPU for another job".into(),
-            });
-        }
-    }
-    let used: Vec<(u32, u64)> =
-        metrics.memory.iter().filter_map(|m| Some((m.device, m.reserved_max?))).collect();
-    if used.len() >= 2 {
-        let (max_device, max) = used.iter().copied().max_by_key(|(_, b)| *b).unwrap_or_default();
-        let (min_device, min) = used.iter().copied().min_by_key(|(_, b)| *b).unwrap_or_default();
-        if min > 0 && max as f64 / min as f64 > 1.5 {
-            out.push(Recommendation {
-                seconds: 0.1 * wall_s,
-                impact: 0.0,
-                title: "GPU memory is unbalanced across devices".into(),
-                evidence: format!(
-                    "GPU {max_device} holds {:.1} GiB, GPU {min_device} {:.1} GiB",
-                    max as f64 / (1u64 << 30) as f64,
-                    min as f64 / (1u64 << 30) as f64
-                ),
-                action: "Balance the partitioning (pipeline stages, tensor-parallel shards, the rank that keeps extra \
-                         state such as the optimizer or the logits)"
-                    .into(),
-            });
-        }
-    }
-    let pageable =
-        gpu.and_then(|g| g.interconnect.iter().find(|t| t.kind == "H2D")).map_or(0, |t| t.pageable);
-    for link in metrics.links.iter().filter(|l| l.link == "PCIe RX" || l.link == "PCIe TX") {
-        if let Some(peak) = link.peak_gb_s
-            && pageable > 0
-            && link.max_gb_s < 0.25 * peak
-        {
-            out.push(Recommendation {
-                seconds: 0.1 * wall_s,
-                impact: 0.0,
-                title: format!("PCIe of GPU {} runs far below its peak", link.device),
-                evidence: format!(
-                    "{} at most {:.2} GB/s of {peak:.1} GB/s, with {pageable} pageable host-to-device copies",
-                    link.link, link.max_gb_s
-                ),
-                action: "Pin the host buffers (cudaMallocHost, pin_memory=True) and batch copies: pageable copies stage \
-                         through a bounce buffer"
-                    .into(),
-            });
-            break;
-        }
+    let idle: Vec<u32> =
+        metrics.devices.iter().filter(|d| d.sm_util_max.is_some_and(|m| m < 5)).map(|d| d.device).collect();
+    if busiest >= 50.0 && !idle.is_empty() {
+        let share = idle.len() as f64 / metrics.devices.len() as f64;
+        let busy_s = busiest / 100.0 * wall_s;
+        let names: Vec<String> = idle.iter().map(u32::to_string).collect();
+        out.push(Recommendation {
+            seconds: busy_s * share,
+            impact: 0.0,
+            title: match idle.len() {
+                1 => format!("GPU {} sat idle", names[0]),
+                _ => format!("GPUs {} sat idle", names.join(", ")),
+            },
+            evidence: format!(
+                "SM utilization never passed 5% while the busiest GPU averaged {busiest:.0}% ({busy_s:.2} s \
+                 busy); spread over all {} GPUs, that work would take {:.0}% less",
+                metrics.devices.len(),
+                share * 100.0
+            ),
+            action: "Spread the work (data or model parallelism across all GPUs), or free the idle GPU for \
+                     another job"
+                .into(),
+        });
     }
     out
+}
+
+/// "GPU A holds X GiB, GPU B Y GiB" when the devices' memory differs by more than half.
+pub fn unbalanced_memory(metrics: &GpuMetricsReport) -> Option<String> {
+    let used: Vec<(u32, u64)> =
+        metrics.memory.iter().filter_map(|m| Some((m.device, m.reserved_max?))).collect();
+    let (max_device, max) = used.iter().copied().max_by_key(|(_, b)| *b)?;
+    let (min_device, min) = used.iter().copied().min_by_key(|(_, b)| *b)?;
+    (used.len() >= 2 && min > 0 && max as f64 / min as f64 > 1.5).then(|| {
+        format!(
+            "GPU {max_device} holds {:.1} GiB, GPU {min_device} {:.1} GiB",
+            max as f64 / (1u64 << 30) as f64,
+            min as f64 / (1u64 << 30) as f64
+        )
+    })
 }
 
 #[cfg(test)]

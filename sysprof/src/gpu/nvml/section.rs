@@ -122,6 +122,15 @@ fn markdown(out: &mut String, metrics: &GpuMetricsReport) {
         ],
         &rows,
     );
+    if let Some(unbalanced) = super::report::unbalanced_memory(metrics) {
+        let _ = writeln!(
+            out,
+            "**Memory is unbalanced across devices**: {unbalanced}. Balance the partitioning (pipeline \
+             stages, tensor-parallel shards, the rank that keeps extra state such as the optimizer or the \
+             logits): the fullest device caps the batch size (memory, not time: not among the ranked \
+             recommendations).\n"
+        );
+    }
     if !metrics.links.is_empty() {
         let _ = writeln!(out, "### GPU links: measured vs peak\n");
         let rows: Vec<Vec<String>> = metrics
