@@ -76,7 +76,7 @@ impl Family for MemoryFamily {
     }
 
     fn analyzed_after(&self) -> &'static [&'static str] {
-        &["gpu", "nvml"]
+        &["cpu", "gpu", "nvml"]
     }
 
     fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {

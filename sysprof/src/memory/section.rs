@@ -3,7 +3,7 @@
 //! address-space changes, the heap, and the host ranges copied to a GPU; the page-fault and
 //! heap profiles' files.
 
-use std::fmt::Write as _;
+use std::{collections::HashMap, fmt::Write as _};
 
 use super::{
     MemoryDump,
@@ -57,13 +57,39 @@ pub(crate) fn analyze(dump: &MemoryDump, cx: &mut Analysis<'_>) -> MemoryReport 
         .get::<GpuReport>()
         .and_then(|gpu| gpu.interconnect.iter().find(|t| t.kind == "H2D"))
         .and_then(|t| t.bandwidth_gb_s);
-    cx.recommendations.extend(memory_report::recommendations(&report, h2d_gb_s, wall_s));
+    let fault_time = fault_handling_time(cx);
+    cx.recommendations.extend(memory_report::recommendations(&report, h2d_gb_s, &fault_time, wall_s));
     cx.add_profile("faults", "page faults", faults);
     if let Some(alloc) = alloc {
         cx.add_profile("alloc", "heap allocations (bytes)", alloc);
     }
     report
 }
+
+/// The seconds of the target's time each process spent handling its page faults, measured:
+/// the on-CPU samples in the kernel's fault entry, at a cpu-clock sample's period, over the
+/// target's parallelism (a second of CPU among several running threads is less than a second of
+/// elapsed time). Empty when the samples are not of time (another `--event`) or the CPU
+/// family did not run.
+fn fault_handling_time(cx: &Analysis<'_>) -> HashMap<u32, f64> {
+    let mut seconds = HashMap::new();
+    let Some(cpu) = cx.profiles.iter().find(|p| p.name == "cpu") else { return seconds };
+    if cx.props.event != crate::config::SampleEvent::CpuClock {
+        return seconds;
+    }
+    let period_s = 1.0 / cx.props.frequency_hz.max(1) as f64;
+    let busy: u64 = cpu.profile.stacks.iter().filter(|s| s.process != "[idle]").map(|s| s.weight).sum();
+    let parallelism = (busy as f64 * period_s / cx.wall_s().max(1e-9)).max(1.0);
+    for stack in &cpu.profile.stacks {
+        if stack.frames.iter().any(|f| f.is_kernel() && f.function == FAULT_ENTRY) {
+            *seconds.entry(stack.pid).or_default() += stack.weight as f64 * period_s / parallelism;
+        }
+    }
+    seconds
+}
+
+/// The kernel's page-fault entry on x86-64 (`exc_page_fault` below it; arm64's is `do_mem_abort`).
+const FAULT_ENTRY: &str = if cfg!(target_arch = "aarch64") { "do_mem_abort" } else { "asm_exc_page_fault" };
 
 impl Section for MemoryReport {
     fn json(&self) -> Vec<(&'static str, &dyn erased_serde::Serialize)> {
