@@ -264,13 +264,15 @@ pub enum Counter {
     /// Page-fault stacks lost, user or kernel (`FAULT_TRACES` full or id collision): the fault
     /// counts stay exact, the fault profile is computed from the stacks kept.
     FaultStacksLost = 13,
+    /// Waits whose waker was not kept (`WAKES` full): the who-woke-whom table is of the rest.
+    WakesLost = 14,
 }
 
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 15] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -285,6 +287,7 @@ impl Counter {
         Counter::FaultsLost,
         Counter::AllocsLost,
         Counter::FaultStacksLost,
+        Counter::WakesLost,
     ];
 }
 

@@ -19,6 +19,7 @@ mod config;
 mod counters;
 mod cpu;
 mod histogram;
+mod interrupts;
 mod maps;
 mod memory;
 mod nesting;

@@ -204,14 +204,15 @@ pub fn sched_waking(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// Records the current task as `state`'s waker when it wakes it from a system call; an
-/// interrupt (a timer, a device) runs on whatever task it interrupted, which is no waker.
+/// Records the current task as `state`'s waker when it wakes it from a system call; interrupt
+/// work (a timer, a device, a softirq: `interrupts.rs`) runs on whatever task it interrupted,
+/// which is no waker.
 #[inline(always)]
 fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
     let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     state.waker_seen = 1;
-    if tid == 0 || tid == state.tid || !in_syscall() {
+    if tid == 0 || tid == state.tid || crate::interrupts::active() || !in_syscall() {
         state.waker_tgid = 0;
         state.waker_tid = 0;
         state.waker_user_stack = stack::NONE;
@@ -292,7 +293,7 @@ fn add_offcpu(state: &TaskState, offcpu_state: u32, off: u64) {
         user_stack_id: state.offcpu_user_stack,
         kernel_stack_id: state.offcpu_kernel_stack,
     };
-    add_time(&OFFCPU, &key, off);
+    add_time(&OFFCPU, &key, off, Counter::OffCpuLost);
 }
 
 /// Adds a wait that ended at its wakeup to the wakeup relation.
@@ -308,12 +309,12 @@ fn add_wake(state: &TaskState, waited: u64) {
         kernel_stack_id: state.offcpu_kernel_stack,
         waker_user_stack_id: state.waker_user_stack,
     };
-    add_time(&WAKES, &key, waited);
+    add_time(&WAKES, &key, waited, Counter::WakesLost);
 }
 
-/// Adds one interval of `ns` under `key`, counting it as lost when the map is full.
+/// Adds one interval of `ns` under `key`, counting it under `lost` when the map is full.
 #[inline(always)]
-fn add_time<K>(map: &HashMap<K, OffCpuValue>, key: &K, ns: u64) {
+fn add_time<K>(map: &HashMap<K, OffCpuValue>, key: &K, ns: u64, lost: Counter) {
     if let Some(value) = map.get_ptr_mut(key) {
         // SAFETY: map value pointers are valid and 8-byte aligned for the program's run.
         unsafe {
@@ -329,7 +330,7 @@ fn add_time<K>(map: &HashMap<K, OffCpuValue>, key: &K, ns: u64) {
                 atomic::add(&raw mut (*value).total_ns, ns);
                 atomic::add(&raw mut (*value).count, 1);
             },
-            None => counters::add(Counter::OffCpuLost, 1),
+            None => counters::add(lost, 1),
         }
     }
 }

@@ -260,6 +260,7 @@ fn lost(counters: &Counters) -> Lost {
         syscalls: counters.get(Counter::SyscallsLost),
         sched_events: counters.get(Counter::SchedLost),
         offcpu_intervals: counters.get(Counter::OffCpuLost),
+        wakes: counters.get(Counter::WakesLost),
         calls: counters.get(Counter::CallsLost),
         call_events: counters.get(Counter::CallEventsLost),
         faults: counters.get(Counter::FaultsLost),

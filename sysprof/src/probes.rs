@@ -219,20 +219,35 @@ impl Probes {
             ("process_exec", "sched_process_exec"),
             ("process_exit", "sched_process_exit"),
         ] {
-            let program: &mut RawTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
-            program.load().map_err(|e| rejected(program_name, e))?;
+            self.attach_raw_tracepoints(program_name, &[("sched", tracepoint)])?;
+        }
+        Ok(())
+    }
+
+    /// Attaches one raw-tracepoint program to each of `tracepoints` (subsystem, name): one
+    /// entry in Part B with a link per tracepoint.
+    pub(crate) fn attach_raw_tracepoints(
+        &mut self,
+        program_name: &str,
+        tracepoints: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
+        let program: &mut RawTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
+        program.load().map_err(|e| rejected(program_name, e))?;
+        for (_, tracepoint) in tracepoints {
             program
                 .attach(tracepoint)
                 .with_context(|| format!("attaching {program_name} to raw tracepoint {tracepoint}"))?;
-            let program_id = program.info()?.id();
-            self.attached.push(AttachedProbe {
-                program: program_name.into(),
-                kind: "raw_tracepoint".into(),
-                attached_to: format!("sched:{tracepoint}"),
-                links: 1,
-                program_id,
-            });
         }
+        let program_id = program.info()?.id();
+        let names: Vec<String> =
+            tracepoints.iter().map(|(system, name)| format!("{system}:{name}")).collect();
+        self.attached.push(AttachedProbe {
+            program: program_name.into(),
+            kind: "raw_tracepoint".into(),
+            attached_to: names.join(", "),
+            links: tracepoints.len() as u32,
+            program_id,
+        });
         Ok(())
     }
 

@@ -86,6 +86,7 @@ fn lost(lost: &Lost) -> String {
         (lost.syscalls, "syscalls"),
         (lost.sched_events, "scheduler events"),
         (lost.offcpu_intervals, "off-CPU intervals"),
+        (lost.wakes, "wakers of waits"),
         (lost.calls, "probed calls"),
         (lost.call_events, "call events"),
         (lost.faults, "page faults"),

@@ -102,6 +102,9 @@ pub struct Lost {
     pub sched_events: u64,
     /// Off-CPU intervals not counted because the off-CPU map was full.
     pub offcpu_intervals: u64,
+    /// Waits left out of the who-woke-whom table (its map was full); their off-CPU time counts.
+    #[serde(default)]
+    pub wakes: u64,
     /// Probed calls not counted (call map full).
     pub calls: u64,
     /// Call events dropped (ring buffer full): their arguments are missing from the GPU tables.
@@ -123,6 +126,7 @@ impl Lost {
             + self.syscalls
             + self.sched_events
             + self.offcpu_intervals
+            + self.wakes
             + self.calls
             + self.call_events
             + self.faults

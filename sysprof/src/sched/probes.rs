@@ -42,6 +42,8 @@ impl Family for SchedFamily {
 
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         probes.attach_sched_switch()?;
+        // Before the wakeup program: it asks them whether a wakeup is an interrupt's.
+        probes.attach_interrupt_tracking()?;
         probes.attach_sched_waking()
     }
 
@@ -65,6 +67,20 @@ impl Probes {
     /// syscalls in flight).
     pub fn attach_sched_switch(&mut self) -> anyhow::Result<()> {
         self.attach_btf_tracepoint("sched_switch", "sched_switch")
+    }
+
+    /// Attaches the programs that keep each CPU's depth of interrupt work (timer callbacks,
+    /// device handlers, softirqs), exits first, so that an interrupt under way at the attach
+    /// never leaves the depth above zero.
+    pub fn attach_interrupt_tracking(&mut self) -> anyhow::Result<()> {
+        self.attach_raw_tracepoints(
+            "interrupt_exit",
+            &[("timer", "hrtimer_expire_exit"), ("irq", "irq_handler_exit"), ("irq", "softirq_exit")],
+        )?;
+        self.attach_raw_tracepoints(
+            "interrupt_enter",
+            &[("timer", "hrtimer_expire_entry"), ("irq", "irq_handler_entry"), ("irq", "softirq_entry")],
+        )
     }
 
     /// Attaches the wakeup program (run-queue latency, the wakeup relation).
