@@ -107,8 +107,13 @@ pub struct OffCpuStack {
 /// Waits that hold a thread up (the time is lost to the target), as opposed to waits for work
 /// (a sleep, an event loop's epoll_wait, a condition variable, a join): those are idle, never a
 /// bottleneck.
-pub const HELD_UP: [&str; 4] =
-    ["preempted", "lock contention", "disk/uninterruptible I/O", "pipe/socket I/O"];
+pub const HELD_UP: [&str; 5] = [
+    "preempted",
+    "lock contention",
+    "page fault read from disk",
+    "disk/uninterruptible I/O",
+    "pipe/socket I/O",
+];
 
 /// Why a thread was off CPU, from its state at the switch (`sched_switch` prev_state), its
 /// kernel frames and the innermost of its user frames (the one that made the call, exact even
@@ -154,6 +159,10 @@ pub fn offcpu_reason(state: u32, kernel: &[Frame], user: &[Frame]) -> &'static s
         "netlink",
     ]) {
         "pipe/socket I/O"
+    } else if any(&["filemap_fault"]) && state & UNINTERRUPTIBLE != 0 {
+        // A fault on a mapped file (the program's own code, an mmapped file) whose page was not
+        // in the page cache: a major fault, not a read the program made.
+        "page fault read from disk"
     } else if any(&["do_wait", "kernel_wait"]) {
         "waiting for a child"
     } else if state & UNINTERRUPTIBLE != 0 || any(&["io_schedule", "folio_wait", "blk_", "jbd2"]) {
@@ -377,6 +386,8 @@ mod tests {
             "pipe/socket I/O"
         );
         assert_eq!(offcpu_reason(2, &kernel(&["io_schedule"]), &[]), "disk/uninterruptible I/O");
+        let fault = kernel(&["asm_exc_page_fault", "filemap_fault", "folio_wait_bit_common", "io_schedule"]);
+        assert_eq!(offcpu_reason(2, &fault, &[]), "page fault read from disk");
         assert_eq!(offcpu_reason(1, &kernel(&["do_wait", "schedule"]), &[]), "waiting for a child");
         assert_eq!(offcpu_reason(1, &[], &[]), "other sleep");
     }

@@ -120,6 +120,13 @@ pub fn sched_recommendations(
     // comes back of the elapsed time is the total scaled by the trace over their lifetimes.
     for (reason, what, action) in [
         (
+            "page fault read from disk",
+            "waits for its mapped files' pages from disk",
+            "These are page faults on mapped files (its own code, libraries, mmapped data) whose pages \
+             were not in the page cache: a warm cache (a second run, vmtouch), memory left for the page \
+             cache, or reading them ahead (MAP_POPULATE, madvise WILLNEED) removes them",
+        ),
+        (
             "disk/uninterruptible I/O",
             "waits on disk I/O",
             "Read ahead or in larger blocks, cache what is read again, move I/O off the critical path \

@@ -136,7 +136,7 @@ fn time_model(out: &mut String, sched: &SchedReport) {
     let unseen = lifetimes - on - off;
     if unseen > 0.01 * lifetimes {
         parts.push(format!(
-            "before a thread's first switch, not seen {} ({})",
+            "asleep from before the trace to its first wakeup, its reason unseen {} ({})",
             format_ns((unseen * 1e9) as u64),
             share(unseen)
         ));
