@@ -11,7 +11,10 @@ use crate::{
     families,
     family::{Analysis, Family, StackFile},
     gpu::state::GpuState,
-    output::{self, Artifact, Rendered},
+    output::{
+        self, Artifact, Rendered,
+        pprof::{self, ProfileFacts},
+    },
     probes::DetachReport,
     procs::ProcessTable,
     readout::{Counters, MapReader},
@@ -135,8 +138,9 @@ pub(crate) fn analyze(
 
     // Rendered in memory, written after the report (see results::write_all).
     let mut files = Vec::new();
+    let facts = profile_facts(recording, &profiles, processes);
     for StackFile { name, title, profile } in &profiles {
-        files.extend(output::render(&Artifact::Stacks { name, title, profile })?);
+        files.extend(output::render(&Artifact::Stacks { name, title, profile, facts: &facts })?);
     }
     let mut outputs: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
     outputs.extend(["report.md".to_string(), "report.json".to_string()]);
@@ -247,6 +251,28 @@ fn analysis_order(families: &[Box<dyn Family>]) -> Vec<usize> {
         done.push(next);
     }
     done
+}
+
+/// The run's facts the pprof files carry, and the files behind the modules the profiles name.
+fn profile_facts(recording: &Recording, profiles: &[StackFile], processes: &ProcessTable) -> ProfileFacts {
+    let run = &recording.run;
+    let time_nanos = humantime::parse_rfc3339(&run.started_at)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i64);
+    let props = &recording.props;
+    let cpu_period_ns = (props.event == crate::config::SampleEvent::CpuClock)
+        .then(|| 1_000_000_000 / props.frequency_hz.max(1) as i64);
+    let named: BTreeSet<&str> = profiles
+        .iter()
+        .flat_map(|p| p.profile.stacks.iter().flat_map(|s| s.frames.iter().map(|f| f.module.as_str())))
+        .collect();
+    ProfileFacts {
+        time_nanos,
+        duration_nanos: run.elapsed.as_nanos() as i64,
+        cpu_period_ns,
+        modules: pprof::module_files(&named, processes),
+    }
 }
 
 fn lost(counters: &Counters) -> Lost {

@@ -2,7 +2,7 @@
 //! weighted stacks per process, the shape every stack output (folded, SVG, hotspots) reads.
 //! On-CPU samples and off-CPU time go through the same path.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 use sysprof_common::{SampleKey, stack};
@@ -23,6 +23,10 @@ pub struct WeightedStack {
     /// kernel frames.
     pub frames: Vec<Frame>,
     pub weight: u64,
+    /// The weight by thread (id, name), where the kernel kept the thread (on-CPU samples):
+    /// the pprof files' thread labels. Empty otherwise.
+    #[serde(skip)]
+    pub threads: Vec<(u32, String, u64)>,
 }
 
 /// Stacks with weights in one unit (samples, microseconds, bytes, ...).
@@ -175,13 +179,19 @@ pub fn build(
 fn from_merged(merged: HashMap<(u32, String, Vec<Frame>), u64>, unit: &str) -> StackProfile {
     let mut stacks: Vec<WeightedStack> = merged
         .into_iter()
-        .map(|((pid, process, frames), weight)| WeightedStack { pid, process, frames, weight })
+        .map(|((pid, process, frames), weight)| WeightedStack {
+            pid,
+            process,
+            frames,
+            weight,
+            threads: Vec::new(),
+        })
         .collect();
     stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
     StackProfile { unit: unit.into(), stacks }
 }
 
-/// Builds the on-CPU profile from the raw samples.
+/// Builds the on-CPU profile from the raw samples, each stack with its weight by thread.
 pub fn cpu_profile(
     samples: &CpuSamples,
     processes: &mut ProcessTable,
@@ -190,14 +200,30 @@ pub fn cpu_profile(
     let stack_samples: Vec<StackSample> =
         samples.counts.iter().map(|(key, count)| sample_of(key, *count)).collect();
     let resolved = ResolvedStacks::resolve(&stack_samples, &samples.stacks, processes, symbolizer);
-    let profile = build(&stack_samples, &resolved, processes, "samples", |_, _| None);
-    // Samples in sysprof's probes, merged into one `[sysprof probes]` frame where they start.
-    let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
-    for mut stack in profile.stacks {
-        label_probe_frames(&mut stack.frames);
-        *merged.entry((stack.pid, stack.process, stack.frames)).or_default() += stack.weight;
+    type Threads = BTreeMap<(u32, String), u64>;
+    let mut merged: HashMap<(u32, String, Vec<Frame>), (u64, Threads)> = HashMap::new();
+    for sample in &stack_samples {
+        let mut frames = resolved.frames(sample);
+        // Samples in sysprof's probes, merged into one `[sysprof probes]` frame where they start.
+        label_probe_frames(&mut frames);
+        let (weight, threads) =
+            merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default();
+        *weight += sample.weight;
+        let thread = sample.comm.map(|comm| comm_to_string(&comm)).unwrap_or_default();
+        *threads.entry((sample.tid, thread)).or_default() += sample.weight;
     }
-    from_merged(merged, &profile.unit)
+    let mut stacks: Vec<WeightedStack> = merged
+        .into_iter()
+        .map(|((pid, process, frames), (weight, threads))| WeightedStack {
+            pid,
+            process,
+            frames,
+            weight,
+            threads: threads.into_iter().map(|((tid, name), weight)| (tid, name, weight)).collect(),
+        })
+        .collect();
+    stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
+    StackProfile { unit: "samples".into(), stacks }
 }
 
 /// The frame that stands for the kernel code that runs only because sysprof's probes are

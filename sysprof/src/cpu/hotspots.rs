@@ -101,6 +101,7 @@ mod tests {
             process: "app".into(),
             frames: frames.iter().map(|f| frame(f)).collect(),
             weight,
+            threads: vec![],
         }
     }
 

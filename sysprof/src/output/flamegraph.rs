@@ -9,7 +9,7 @@ pub struct Flamegraph;
 
 impl Sink for Flamegraph {
     fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
-        let Artifact::Stacks { name, title, profile } = artifact else {
+        let Artifact::Stacks { name, title, profile, .. } = artifact else {
             return Ok(None);
         };
         let lines = folded_lines(profile);

@@ -58,9 +58,16 @@ mod tests {
                     process: "busy".into(),
                     frames: vec![frame("main"), frame("burn")],
                     weight: 75,
+                    threads: vec![],
                 },
-                WeightedStack { pid: 7, process: "busy".into(), frames: vec![frame("a;b<c>")], weight: 3 },
-                WeightedStack { pid: 7, process: "busy".into(), frames: vec![], weight: 0 },
+                WeightedStack {
+                    pid: 7,
+                    process: "busy".into(),
+                    frames: vec![frame("a;b<c>")],
+                    weight: 3,
+                    threads: vec![],
+                },
+                WeightedStack { pid: 7, process: "busy".into(), frames: vec![], weight: 0, threads: vec![] },
             ],
         };
         assert_eq!(folded_lines(&profile), ["busy;main;burn 75", "busy;a:b<c> 3"]);

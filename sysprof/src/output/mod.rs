@@ -11,6 +11,7 @@ mod flamegraph;
 mod folded;
 mod json;
 pub(crate) mod markdown;
+pub(crate) mod pprof;
 
 use std::{
     io::Write as _,
@@ -47,6 +48,8 @@ pub enum Artifact<'a> {
         name: &'a str,
         title: &'a str,
         profile: &'a StackProfile,
+        /// What the pprof file needs beside the stacks.
+        facts: &'a pprof::ProfileFacts,
     },
     Report(&'a Report),
 }
@@ -66,7 +69,7 @@ pub trait Sink {
 
 /// `artifact` rendered by every sink that applies.
 pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
-    let sinks: [&dyn Sink; 4] = [&Folded, &Flamegraph, &MarkdownReport, &JsonReport];
+    let sinks: [&dyn Sink; 5] = [&Folded, &Flamegraph, &pprof::Pprof, &MarkdownReport, &JsonReport];
     let mut files = Vec::new();
     for sink in sinks {
         files.extend(sink.render(artifact)?);
@@ -78,7 +81,7 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
 pub fn is_sysprof_output(name: &str) -> bool {
     matches!(name, "report.md" | "report.json" | crate::recording::FILE_NAME)
         || name.split_once('.').is_some_and(|(base, ext)| {
-            matches!(base, "cpu" | "offcpu" | "faults" | "alloc") && matches!(ext, "folded" | "svg")
+            matches!(base, "cpu" | "offcpu" | "faults" | "alloc") && matches!(ext, "folded" | "svg" | "pb.gz")
         })
 }
 

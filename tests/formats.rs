@@ -1,0 +1,162 @@
+//! The formats other tools read: the pprof files (`NAME.pb.gz`) of a real run, decoded with the
+//! protobuf types sysprof encodes them with and read by `go tool pprof` itself, must hold what
+//! the folded stacks hold, with the hot function on top and the labels a backend filters by.
+
+mod support;
+
+use std::{collections::HashMap, io::Read as _, path::Path, process::Command};
+
+use libdd_profiling_protobuf::prost_impls::{Message as _, Profile};
+use support::*;
+
+fn decode(path: &Path) -> Profile {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(bytes.as_slice()).read_to_end(&mut raw).expect("gzipped");
+    Profile::decode(raw.as_slice()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn text(profile: &Profile, index: i64) -> &str {
+    &profile.string_table[index as usize]
+}
+
+/// The value at `index` of every sample, added up.
+fn total(profile: &Profile, index: usize) -> i64 {
+    profile.samples.iter().map(|s| s.values[index]).sum()
+}
+
+/// Label values by key across the samples.
+fn labels(profile: &Profile) -> HashMap<String, Vec<String>> {
+    let mut labels: HashMap<String, Vec<String>> = HashMap::new();
+    for label in profile.samples.iter().flat_map(|s| &s.labels) {
+        let value = if label.str != 0 { text(profile, label.str).to_string() } else { label.num.to_string() };
+        labels.entry(text(profile, label.key).to_string()).or_default().push(value);
+    }
+    labels
+}
+
+/// The leaf function's total of value `index`, by function name.
+fn self_by_function(profile: &Profile, index: usize) -> HashMap<String, i64> {
+    let mut totals = HashMap::new();
+    for sample in &profile.samples {
+        let location = &profile.locations[sample.location_ids[0] as usize - 1];
+        let function = &profile.functions[location.lines[0].function_id as usize - 1];
+        *totals.entry(text(profile, function.name).to_string()).or_default() += sample.values[index];
+    }
+    totals
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_pprof_files_hold_what_the_folded_files_do() {
+    let Some(_guard) = root_guard("the_pprof_files_hold_what_the_folded_files_do") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "-F", "199", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["2", "2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    let folded_total =
+        |name: &str| -> u64 { read_folded(&dir.path().join(name)).iter().map(|(_, n)| n).sum() };
+
+    // On-CPU: the sample counts and their CPU time at the period.
+    let cpu = decode(&dir.path().join("cpu.pb.gz"));
+    let types: Vec<(&str, &str)> =
+        cpu.sample_types.iter().map(|t| (text(&cpu, t.r#type), text(&cpu, t.unit))).collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    assert_eq!(cpu.period, 1_000_000_000 / 199);
+    assert_eq!(total(&cpu, 0) as u64, folded_total("cpu.folded"));
+    assert_eq!(total(&cpu, 1), total(&cpu, 0) * cpu.period);
+    let hot = self_by_function(&cpu, 0);
+    let top = hot.iter().max_by_key(|(_, n)| **n).unwrap();
+    assert_eq!(top.0, "burn_hot", "{hot:?}");
+    let cpu_labels = labels(&cpu);
+    for key in ["pid", "process", "tid", "thread"] {
+        assert!(cpu_labels.contains_key(key), "no {key} label: {cpu_labels:?}");
+    }
+    assert!(cpu_labels["process"].iter().all(|p| p == "busy"), "{cpu_labels:?}");
+    // Two threads burn: both are labelled.
+    let mut tids = cpu_labels["tid"].clone();
+    tids.sort();
+    tids.dedup();
+    assert!(tids.len() >= 2, "{tids:?}");
+    // The program's mapping names its file and its build id.
+    let busy = cpu
+        .mappings
+        .iter()
+        .find(|m| text(&cpu, m.filename).ends_with("/busy"))
+        .unwrap_or_else(|| panic!("no mapping of busy: {:?}", cpu.mappings));
+    assert_eq!(text(&cpu, busy.build_id).len(), 40, "a GNU build id in hex");
+
+    // Off-CPU: nanoseconds, the folded microseconds times 1000, the reason a label.
+    let offcpu = decode(&dir.path().join("offcpu.pb.gz"));
+    assert_eq!(total(&offcpu, 0) as u64, folded_total("offcpu.folded") * 1000);
+    assert!(labels(&offcpu).contains_key("reason"), "{:?}", labels(&offcpu));
+
+    // Faults: the same weighted counts, minor or major as a label.
+    let faults = decode(&dir.path().join("faults.pb.gz"));
+    assert_eq!(total(&faults, 0) as u64, folded_total("faults.folded"));
+    assert!(labels(&faults)["fault"].iter().all(|f| f == "minor fault" || f == "major fault"));
+
+    // The reference reader: `go tool pprof` parses it and puts burn_hot on top.
+    let Some(go) = go_tool() else { return };
+    let top = Command::new(&go)
+        .args(["tool", "pprof", "-top", "-sample_index=cpu"])
+        .arg(dir.path().join("cpu.pb.gz"))
+        .output()
+        .unwrap();
+    assert!(top.status.success(), "{}", support::text(&top));
+    let listing = String::from_utf8_lossy(&top.stdout);
+    let first = listing.lines().skip_while(|l| !l.trim_start().starts_with("flat")).nth(1).unwrap_or("");
+    assert!(first.ends_with("burn_hot"), "{listing}");
+    for name in ["offcpu.pb.gz", "faults.pb.gz"] {
+        let raw =
+            Command::new(&go).args(["tool", "pprof", "-raw"]).arg(dir.path().join(name)).output().unwrap();
+        assert!(raw.status.success(), "{name}: {}", support::text(&raw));
+    }
+}
+
+/// `go`, which CI installs (golang-go); elsewhere its part of the test is skipped, said so.
+fn go_tool() -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("go"))
+        .find(|path| path.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none_or(|v| v == "false" || v == "0"),
+            "CI must check the pprof files with `go tool pprof`: install golang-go"
+        );
+        eprintln!("skipped the `go tool pprof` part: no go on PATH (apt install golang-go)");
+    }
+    found
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_heap_profile_is_a_pprof_of_bytes() {
+    let Some(_guard) = root_guard("the_heap_profile_is_a_pprof_of_bytes") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--malloc", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("memload"))
+        .args(["mallocs", "20000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    let alloc = decode(&dir.path().join("alloc.pb.gz"));
+    let types: Vec<(&str, &str)> =
+        alloc.sample_types.iter().map(|t| (text(&alloc, t.r#type), text(&alloc, t.unit))).collect();
+    assert_eq!(types, [("alloc_space", "bytes")]);
+    let folded: u64 = read_folded(&dir.path().join("alloc.folded")).iter().map(|(_, n)| n).sum();
+    assert_eq!(total(&alloc, 0) as u64, folded);
+    // memload's 20,000 blocks of 64 bytes are all there.
+    assert!(total(&alloc, 0) >= 20_000 * 64, "{} bytes", total(&alloc, 0));
+}
