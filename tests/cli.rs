@@ -29,6 +29,16 @@ fn trace_without_a_target_says_what_it_needs() {
 }
 
 #[test]
+fn report_of_a_run_without_its_readout_names_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_sysprof(&["report", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("has no readout.json") && stderr.contains("--save-readout"), "{stderr}");
+}
+
+#[test]
 fn bad_arguments_are_usage_errors() {
     for args in [
         &["trace", "--all", "--pid", "1"][..],

@@ -160,3 +160,43 @@ fn the_heap_profile_is_a_pprof_of_bytes() {
     // memload's 20,000 blocks of 64 bytes are all there.
     assert!(total(&alloc, 0) >= 20_000 * 64, "{} bytes", total(&alloc, 0));
 }
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_saved_run_renders_again_without_tracing() {
+    let Some(_guard) = root_guard("a_saved_run_renders_again_without_tracing") else { return };
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--save-readout", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["1", "2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    // Rendered again whole: the same report, byte for byte.
+    let again = output_dir();
+    let rendered = sysprof().arg("report").arg(dir.path()).arg("-o").arg(again.path()).output().unwrap();
+    assert!(rendered.status.success(), "{}", support::text(&rendered));
+    let read = |d: &Path, name: &str| std::fs::read_to_string(d.join(name)).unwrap();
+    assert_eq!(read(again.path(), "report.md"), read(dir.path(), "report.md"));
+    assert_eq!(read(again.path(), "cpu.folded"), read(dir.path(), "cpu.folded"));
+    // Kept to the CPU family: its section and profile, nothing of the scheduler's.
+    let focused = output_dir();
+    let rendered = sysprof()
+        .arg("report")
+        .arg(dir.path())
+        .arg("-o")
+        .arg(focused.path())
+        .args(["--focus", "cpu"])
+        .output()
+        .unwrap();
+    assert!(rendered.status.success(), "{}", support::text(&rendered));
+    let markdown = read(focused.path(), "report.md");
+    assert!(
+        markdown.contains("### CPU: hotspots") && !markdown.contains("### CPU overhead: scheduling"),
+        "{markdown}"
+    );
+    assert!(focused.path().join("cpu.pb.gz").is_file() && !focused.path().join("offcpu.folded").exists());
+}

@@ -71,7 +71,18 @@ pub(crate) fn processes(families: &[Box<dyn Family>]) -> BTreeSet<u32> {
 /// A saved read-out (`readout.json`) through the analysis a live run does: its report, and the
 /// folded stacks and flamegraphs that go with it.
 pub fn replay(readout: &[u8]) -> anyhow::Result<(Report, Vec<Rendered>)> {
-    let recording = Recording::from_json(readout)?;
+    replay_keeping(readout, &[])
+}
+
+/// [`replay`], keeping only the `focus` families of those the run traced (all when empty).
+pub(crate) fn replay_keeping(
+    readout: &[u8],
+    focus: &[crate::config::Family],
+) -> anyhow::Result<(Report, Vec<Rendered>)> {
+    let mut recording = Recording::from_json(readout)?;
+    if !focus.is_empty() {
+        recording.props.families.keep_only(focus);
+    }
     let gpu_state = recording.calls.gpu.as_ref().map(|gpu| GpuState::replay(&gpu.events)).transpose()?;
     let mut families = families::enabled(&recording.props);
     let mut maps = MapReader::replay(&recording.maps);

@@ -21,10 +21,27 @@ pub struct Cli {
 pub enum Command {
     /// Profile processes, a command or the whole machine; writes flamegraphs and a report
     Trace(Box<TraceArgs>),
+    /// Render a saved run again (traced with --save-readout): report.md, report.json, the
+    /// flamegraphs and profiles, with this sysprof's analysis and the families you keep
+    Report(ReportArgs),
     /// Show what this machine supports and what sysprof can do here
     Check(CheckArgs),
     /// Show the GPUs, how each pair is connected, and each link's peak bandwidth (NVML)
     Topo(TopoArgs),
+}
+
+/// `sysprof report` options.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The output directory of a `sysprof trace --save-readout` run (its readout.json)
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Where the rendered files go (default: DIR itself)
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    /// Keep only these families' sections and profiles (of those the run traced)
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub focus: Vec<Family>,
 }
 
 /// `sysprof topo` options.
@@ -49,7 +66,7 @@ Examples:
   sudo sysprof trace --malloc -- ./server          heap profiling too (allocator probes)
 
 Results go to ./profile_output/: cpu.svg, offcpu.svg, faults.svg (alloc.svg with --malloc),
-their .folded stacks, report.md, report.json. Ctrl-C, SIGTERM or a lost terminal (SIGHUP) ends the
+their .folded stacks and .pb.gz pprof profiles, report.md, report.json. Ctrl-C, SIGTERM or a lost terminal (SIGHUP) ends the
 trace early and still writes everything; -- CMD and what it started are then ended too.
 
 Through sudo, sysprof acts for you, not as root: -- CMD runs as you; the results are created as
@@ -153,9 +170,9 @@ pub struct TraceArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Also write readout.json: the maps, process snapshots and symbol names of the run, which
-    /// the replay tests analyze again (for sysprof's developers; hidden from --help)
-    #[arg(long, hide = true)]
+    /// Also keep readout.json (the run's maps, process snapshots and symbol names), from which
+    /// `sysprof report DIR` renders the run again without tracing
+    #[arg(long)]
     pub save_readout: bool,
 
     /// Run CMD as root: refused through sudo, where CMD always runs as the invoking user (a
@@ -281,7 +298,7 @@ mod tests {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Trace(args) => args.into_config().map_err(|e| e.to_string()),
-            Command::Check(_) | Command::Topo(_) => Err("not trace".into()),
+            Command::Report(_) | Command::Check(_) | Command::Topo(_) => Err("not trace".into()),
         }
     }
 

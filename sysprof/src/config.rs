@@ -179,6 +179,19 @@ pub struct Families {
     pub heap: bool,
 }
 
+impl Families {
+    /// Turns off every family not in `focus` (the heap goes with memory).
+    pub fn keep_only(&mut self, focus: &[Family]) {
+        let keep = |family| focus.contains(&family);
+        self.cpu &= keep(Family::Cpu);
+        self.sched &= keep(Family::Sched);
+        self.syscalls &= keep(Family::Syscalls);
+        self.gpu &= keep(Family::Gpu);
+        self.memory &= keep(Family::Memory);
+        self.heap &= self.memory;
+    }
+}
+
 /// A `--func BIN:SYMBOL` request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuncSpec {

@@ -60,4 +60,5 @@ pub(crate) mod uprobes;
 
 pub use analysis::replay;
 pub use results::TraceOutcome;
+pub use results::rerender;
 pub use trace::trace;

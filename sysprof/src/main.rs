@@ -19,6 +19,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
+        Command::Report(args) => sysprof::rerender(&args.dir, args.output.as_deref(), &args.focus),
         Command::Check(args) => sysprof::check::run(args.json, args.nvml_lib.as_deref()),
         Command::Topo(args) => sysprof::gpu::nvml::topo(args.nvml_lib.as_deref(), args.json),
     };

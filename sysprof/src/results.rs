@@ -2,7 +2,7 @@
 //! start the detach (proving nothing is left), analyze (`analysis.rs`), then write every output
 //! and say what was written.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::{
     analysis::{self, Analyzed},
@@ -175,6 +175,33 @@ impl Results {
             lost: report.run.lost.total(),
         })
     }
+}
+
+/// `sysprof report DIR`: renders a saved run (DIR/readout.json) again with this sysprof's
+/// analysis, keeping only the `focus` families when given, into `output` (default DIR), as
+/// the invoking user through sudo. The exit code: 0, or 1 when a file could not be written.
+pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Family]) -> anyhow::Result<u8> {
+    let path = dir.join(recording::FILE_NAME);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+            "{} has no {}: `sysprof report` renders runs traced with --save-readout; trace again with it",
+            dir.display(),
+            recording::FILE_NAME
+        ),
+        Err(error) => anyhow::bail!("reading {}: {error}", path.display()),
+    };
+    let (report, mut files) = crate::analysis::replay_keeping(&bytes, focus)?;
+    let mut out =
+        OutputDir::prepare(output.unwrap_or(dir), crate::privileges::InvokingUser::from_sudo_env())?;
+    // The read-out stays where it is; a copy goes with the files rendered elsewhere.
+    if output.is_some_and(|o| o != dir) {
+        files.push(Rendered { name: recording::FILE_NAME.into(), bytes });
+    }
+    let (report, written) = write_all(&mut out, report, files)?;
+    let removed = out.remove_stale(&written.written);
+    print_summary(&out, &written, &removed, &report, report.run.samples);
+    Ok(if written.failed.is_empty() { 0 } else { 1 })
 }
 
 /// Writes the report first (on a full disk it is what must survive), then the folded stacks,
