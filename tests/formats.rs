@@ -200,3 +200,112 @@ fn a_saved_run_renders_again_without_tracing() {
     );
     assert!(focused.path().join("cpu.pb.gz").is_file() && !focused.path().join("offcpu.folded").exists());
 }
+
+/// TEST DOUBLE of a Pyroscope server (none can run here): it accepts `POST /ingest` requests on
+/// loopback, answers 200 and keeps each request's target and body.
+struct PyroscopeDouble {
+    url: String,
+    requests: std::sync::mpsc::Receiver<(String, Vec<u8>)>,
+}
+
+impl PyroscopeDouble {
+    fn start() -> Self {
+        use std::io::{BufRead as _, BufReader, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (sender, requests) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                let mut length = 0usize;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                if reader.read_exact(&mut body).is_err() {
+                    continue;
+                }
+                let _ = reader
+                    .get_mut()
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = sender.send((target, body));
+            }
+        });
+        PyroscopeDouble { url, requests }
+    }
+}
+
+/// The gzipped profile inside a multipart body.
+fn profile_of(body: &[u8]) -> Profile {
+    let start = body.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let end = body.windows(4).rposition(|w| w == b"\r\n--").unwrap();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&body[start..end]).read_to_end(&mut raw).expect("a gzipped pprof");
+    Profile::decode(raw.as_slice()).unwrap()
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_profiles_reach_a_pyroscope_server_and_a_dead_one_costs_a_line() {
+    let Some(_guard) = root_guard("the_profiles_reach_a_pyroscope_server_and_a_dead_one_costs_a_line") else {
+        return;
+    };
+    let server = PyroscopeDouble::start();
+    let dir = output_dir();
+    let out = sysprof()
+        .env("RANK", "3")
+        .args(["trace", "-q", "--push", &server.url, "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["1", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    let requests: Vec<(String, Vec<u8>)> = server.requests.try_iter().collect();
+    let names: Vec<&str> = requests.iter().map(|(target, _)| target.as_str()).collect();
+    assert_eq!(requests.len(), 3, "cpu, offcpu, faults: {names:?}");
+    let (target, body) = requests.iter().find(|(t, _)| t.contains("sysprof.cpu")).unwrap();
+    assert!(target.starts_with("/ingest?name=sysprof.cpu%7Bhost%3D"), "{target}");
+    for label in ["service%3Dbusy", "rank%3D3", "pid%3D", "format=pprof", "sampleRate=99", "from=", "until="]
+    {
+        assert!(target.contains(label), "{label} in {target}");
+    }
+    // What arrived is what was written.
+    let sent = profile_of(body);
+    assert_eq!(sent, decode(&dir.path().join("cpu.pb.gz")));
+
+    // A server that is not there: one line, every local file, the command's exit code.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--push", &url, "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("busy"))
+        .args(["1", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("push")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("could not push") && lines[0].contains("the local files are kept"), "{stderr}");
+    assert!(dir.path().join("cpu.pb.gz").is_file() && dir.path().join("report.md").is_file());
+}

@@ -170,6 +170,11 @@ pub struct TraceArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// Also send the pprof profiles to a Pyroscope server's ingest API (http://host:4040),
+    /// labelled with host, service, pid and the job's rank; the local files are kept either way
+    #[arg(long, value_name = "URL")]
+    pub push: Option<String>,
+
     /// Also keep readout.json (the run's maps, process snapshots and symbol names), from which
     /// `sysprof report DIR` renders the run again without tracing
     #[arg(long)]
@@ -233,6 +238,7 @@ impl TraceArgs {
             output_dir: self.output,
             quiet: self.quiet,
             save_readout: self.save_readout,
+            push: self.push.clone(),
             command_as_root: self.as_root,
             invoking_user: InvokingUser::from_sudo_env(),
         })

@@ -118,6 +118,8 @@ pub struct TraceConfig {
     pub quiet: bool,
     /// Also write `readout.json`: the raw read-out, which `finish::replay` analyzes again.
     pub save_readout: bool,
+    /// `--push URL`: a Pyroscope server the pprof profiles are sent to.
+    pub push: Option<String>,
     /// Run `-- CMD` as root even when sysprof was started through sudo.
     pub command_as_root: bool,
     /// The user behind sudo: owns the output and runs `-- CMD`.
@@ -144,6 +146,7 @@ impl TraceConfig {
             output_dir: PathBuf::from("profile_output"),
             quiet: false,
             save_readout: false,
+            push: None,
             command_as_root: false,
             invoking_user: None,
         }

@@ -44,6 +44,7 @@ pub mod probes;
 pub(crate) mod procmaps;
 pub(crate) mod procs;
 pub(crate) mod profile;
+pub(crate) mod push;
 pub(crate) mod readout;
 pub(crate) mod recording;
 pub mod report;

@@ -73,6 +73,18 @@ pub(crate) struct ReportProps {
     /// Entries of each stack map (`--stack-storage-size`).
     #[serde(default = "default_stack_storage")]
     pub stack_storage_size: u32,
+    /// `--push URL`, with the labels only the trace knows; never part of a saved run (a
+    /// re-rendered run pushes nothing).
+    #[serde(skip)]
+    pub push: Option<PushProps>,
+}
+
+/// Where the profiles are pushed, and the target's service name and pid for their labels.
+#[derive(Clone, Debug)]
+pub(crate) struct PushProps {
+    pub url: String,
+    pub service: String,
+    pub pid: Option<u32>,
 }
 
 fn default_stack_storage() -> u32 {
@@ -98,6 +110,8 @@ impl ReportProps {
             calls_probed: families.gpu || !config.functions.is_empty(),
             save_readout: config.save_readout,
             stack_storage_size: config.stack_storage_size,
+            // Set by the trace once the target is known (see `trace::run`).
+            push: None,
         }
     }
 }

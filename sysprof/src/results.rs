@@ -63,6 +63,7 @@ impl Results {
             heap_probe_cost_ns,
             nvml_samples,
         } = self;
+        let (started_at, elapsed) = (end.started_at, end.elapsed);
         // Read everything, then start detaching: the probes go before the slow stages
         // (symbolization), and the detach is verified before the report is written.
         let mut families = families::enabled(&props);
@@ -147,7 +148,18 @@ impl Results {
         }
         let quiet = props.quiet;
         let exit_code = recording.run.exit_code;
+        let pprofs: Vec<(String, Vec<u8>)> = match &props.push {
+            Some(_) => files
+                .iter()
+                .filter(|f| f.name.ends_with(".pb.gz"))
+                .map(|f| (f.name.clone(), f.bytes.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
         let (report, written) = write_all(&mut output, report, files)?;
+        if let Some(push) = &props.push {
+            push_profiles(push, &pprofs, started_at, elapsed, props.frequency_hz, quiet);
+        }
         let removed = output.remove_stale(&written.written);
 
         if !quiet {
@@ -174,6 +186,28 @@ impl Results {
             samples: report.run.samples,
             lost: report.run.lost.total(),
         })
+    }
+}
+
+/// Sends the pprof profiles to the `--push` server, after the local files are written: a
+/// failure is one line, and neither the files nor the exit code depend on it.
+fn push_profiles(
+    push: &recording::PushProps,
+    pprofs: &[(String, Vec<u8>)],
+    started_at: std::time::SystemTime,
+    elapsed: std::time::Duration,
+    frequency_hz: u64,
+    quiet: bool,
+) {
+    let series =
+        crate::push::Series::of(&push.service, push.pid, started_at, started_at + elapsed, frequency_hz);
+    match crate::push::send(&push.url, pprofs, &series) {
+        Ok(lines) if !quiet => lines.iter().for_each(|line| say!("sysprof: {line}")),
+        Ok(_) => {}
+        Err(error) => stderr_line(format_args!(
+            "sysprof: could not push the profiles to {}: {error}; the local files are kept",
+            push.url
+        )),
     }
 }
 

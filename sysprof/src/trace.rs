@@ -161,7 +161,7 @@ fn kernel_config(
 
 async fn run(
     config: TraceConfig,
-    props: ReportProps,
+    mut props: ReportProps,
     mut resolved: ResolvedTarget,
     bpf_config: Config,
     output: OutputDir,
@@ -240,6 +240,9 @@ async fn run(
         }
         _ => None,
     };
+    if let Some(url) = &config.push {
+        props.push = Some(push_props(url, &config.target, gated.as_ref(), &resolved, &processes));
+    }
     for family in families::enabled(&props) {
         family.attach(&mut probes)?;
     }
@@ -382,6 +385,27 @@ async fn run(
         nvml_samples,
     };
     tokio::task::spawn_blocking(move || results.deliver()).await.context("writing the results")?
+}
+
+/// The labels only the trace knows: the service (the command's program, else the first target
+/// process's name) and the target's pid.
+fn push_props(
+    url: &str,
+    target: &Target,
+    gated: Option<&GatedChild>,
+    resolved: &ResolvedTarget,
+    processes: &ProcessTable,
+) -> crate::recording::PushProps {
+    let pid = gated.map(GatedChild::pid).or_else(|| resolved.pids.first().copied());
+    let service = match target {
+        Target::Command(argv) => argv
+            .first()
+            .and_then(|program| std::path::Path::new(program).file_name())
+            .map(|name| name.to_string_lossy().into_owned()),
+        _ => pid.and_then(|pid| processes.get(pid)).map(|p| p.name.clone()).filter(|n| !n.is_empty()),
+    }
+    .unwrap_or_else(|| if matches!(target, Target::All) { "all".into() } else { target.to_string() });
+    crate::recording::PushProps { url: url.to_string(), service, pid }
 }
 
 fn all_pids() -> Vec<u32> {
