@@ -38,6 +38,7 @@ pub mod latency;
 pub(crate) mod launch;
 pub mod memory;
 pub mod output;
+pub(crate) mod plt;
 mod priority;
 pub(crate) mod privileges;
 pub mod probes;

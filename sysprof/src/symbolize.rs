@@ -21,7 +21,10 @@ use blazesym::symbolize::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::procmaps::{Backing, Mapping, ProcessMaps};
+use crate::{
+    plt::PltNames,
+    procmaps::{Backing, Mapping, ProcessMaps},
+};
 
 /// One frame of a symbolized stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -61,6 +64,8 @@ pub struct Symbolizer {
     blazesym: Option<Blazesym>,
     known: Symbols,
     perf_maps: HashMap<u32, Option<PerfMap>>,
+    /// Each file's PLT stubs (see `plt.rs`), read once.
+    plt: HashMap<PathBuf, PltNames>,
 }
 
 impl Default for Symbolizer {
@@ -76,13 +81,18 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             .enable_code_info(false)
             .build();
-        Symbolizer { blazesym: Some(blazesym), known: Symbols::default(), perf_maps: HashMap::new() }
+        Symbolizer {
+            blazesym: Some(blazesym),
+            known: Symbols::default(),
+            perf_maps: HashMap::new(),
+            plt: HashMap::new(),
+        }
     }
 
     /// Answers from what an earlier run resolved (a saved read-out); what it did not resolve
     /// stays unknown.
     pub fn replay(known: Symbols) -> Self {
-        Symbolizer { blazesym: None, known, perf_maps: HashMap::new() }
+        Symbolizer { blazesym: None, known, perf_maps: HashMap::new(), plt: HashMap::new() }
     }
 
     /// Every answer given so far.
@@ -184,7 +194,7 @@ impl Symbolizer {
     }
 
     fn symbolize_file(
-        &self,
+        &mut self,
         path: PathBuf,
         mapping: &Mapping,
         module: &str,
@@ -192,13 +202,17 @@ impl Symbolizer {
         result: &mut HashMap<u64, Frames>,
     ) {
         let offsets: Vec<u64> = addrs.iter().map(|&addr| mapping.file_offset_of(addr)).collect();
+        let plt = self.plt.entry(path.clone()).or_insert_with(|| PltNames::read(&path));
+        let stubs: Vec<Option<String>> = offsets.iter().map(|&offset| plt.name(offset)).collect();
         let source = Source::Elf(Elf::new(path));
         let Some(blazesym) = &self.blazesym else { return };
         let resolved = blazesym.symbolize(&source, Input::FileOffset(&offsets));
         for (index, &addr) in addrs.iter().enumerate() {
-            let frames = match &resolved {
-                Ok(symbols) => frames_of(&symbols[index], module),
-                Err(_) => None,
+            // A PLT stub is its function's, `puts@plt`, not the symbol before it.
+            let frames = match (&stubs[index], &resolved) {
+                (Some(stub), _) => Some(vec![Frame { function: stub.clone(), module: module.to_string() }]),
+                (None, Ok(symbols)) => frames_of(&symbols[index], module),
+                (None, Err(_)) => None,
             };
             result.insert(addr, frames.unwrap_or_else(|| vec![Frame::unknown(module, offsets[index])]));
         }
