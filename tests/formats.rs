@@ -309,3 +309,48 @@ fn the_profiles_reach_a_pyroscope_server_and_a_dead_one_costs_a_line() {
     assert!(lines[0].contains("could not push") && lines[0].contains("the local files are kept"), "{stderr}");
     assert!(dir.path().join("cpu.pb.gz").is_file() && dir.path().join("report.md").is_file());
 }
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_live_heap_is_a_pprof_of_the_bytes_still_allocated() {
+    let Some(_guard) = root_guard("the_live_heap_is_a_pprof_of_the_bytes_still_allocated") else { return };
+    use std::io::Write as _;
+    // 100 rounds of allocations all freed, then 50 blocks of 4096 bytes kept.
+    let dir = output_dir();
+    let mut child = sysprof()
+        .args(["trace", "-q", "--malloc", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("memload"))
+        .args(["allocs", "100", "50"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    child.stdin.take().unwrap().write_all(b"x").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    let live = decode(&dir.path().join("inuse.pb.gz"));
+    let types: Vec<(&str, &str)> =
+        live.sample_types.iter().map(|t| (text(&live, t.r#type), text(&live, t.unit))).collect();
+    assert_eq!(types, [("inuse_space", "bytes")]);
+    let folded: u64 = read_folded(&dir.path().join("inuse.folded")).iter().map(|(_, n)| n).sum();
+    assert_eq!(total(&live, 0) as u64, folded);
+    // Through the function that kept them: exactly the bytes it kept; what was freed is not live.
+    let through = |function: &str| -> i64 {
+        live.samples
+            .iter()
+            .filter(|s| {
+                s.location_ids.iter().any(|id| {
+                    let location = &live.locations[*id as usize - 1];
+                    text(&live, live.functions[location.lines[0].function_id as usize - 1].name) == function
+                })
+            })
+            .map(|s| s.values[0])
+            .sum()
+    };
+    assert_eq!(through("keep_known_blocks"), 50 * 4096);
+    assert_eq!(through("allocate_known_sizes"), 0);
+}

@@ -99,14 +99,23 @@ pub fn fault_sites(faults: &StackProfile) -> Vec<FaultSite> {
 /// Ids given to the stacks rebuilt with their caller, above any id the kernel hands out.
 const REBUILT_STACK_IDS: u32 = 0x4000_0000;
 
-/// Heap allocations by stack, weighted in bytes, and the sites that allocate the most.
-/// `sysprof_pid`'s own allocations (its calibration) are left out.
+/// The heap's profiles and the sites that allocate the most.
+pub struct HeapProfiles {
+    /// Bytes allocated, by stack.
+    pub allocated: StackProfile,
+    /// Bytes still live at the end, by the stack that allocated them.
+    pub live: StackProfile,
+    pub sites: Vec<AllocSite>,
+}
+
+/// Heap allocations by stack, weighted in bytes: allocated during the trace, and live at its
+/// end. `sysprof_pid`'s own allocations (its calibration) are left out.
 pub fn heap_profile(
     dump: &MemoryDump,
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
     sysprof_pid: u32,
-) -> (StackProfile, Vec<AllocSite>) {
+) -> HeapProfiles {
     // A stack taken at the allocator's first instruction misses its caller (the frame pointer
     // still belongs to the caller): each (stack, caller) pair becomes a stack of its own with
     // the caller put back.
@@ -145,8 +154,23 @@ pub fn heap_profile(
             tag: 0,
         });
     }
-    let resolved = ResolvedStacks::resolve(&samples, &stacks, processes, symbolizer);
+    let live_samples: Vec<StackSample> = live
+        .iter()
+        .filter(|((tgid, _), _)| *tgid != sysprof_pid)
+        .map(|(&(tgid, user_stack_id), &bytes)| StackSample {
+            tgid,
+            tid: tgid,
+            user_stack_id,
+            kernel_stack_id: stack::NONE,
+            comm: None,
+            weight: bytes,
+            tag: 0,
+        })
+        .collect();
+    let every: Vec<StackSample> = samples.iter().chain(&live_samples).copied().collect();
+    let resolved = ResolvedStacks::resolve(&every, &stacks, processes, symbolizer);
     let profile = profile::build(&samples, &resolved, processes, "bytes", |_, _| None);
+    let live_profile = profile::build(&live_samples, &resolved, processes, "bytes", |_, _| None);
 
     let mut sites: BTreeMap<(u32, String), AllocSite> = BTreeMap::new();
     for sample in &samples {
@@ -171,5 +195,5 @@ pub fn heap_profile(
     let mut sites: Vec<AllocSite> = sites.into_values().collect();
     sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
     sites.truncate(SITES);
-    (profile, sites)
+    HeapProfiles { allocated: profile, live: live_profile, sites }
 }

@@ -28,9 +28,8 @@ pub(crate) fn analyze(dump: &MemoryDump, cx: &mut Analysis<'_>) -> MemoryReport 
     let (alloc, alloc_sites) = match dump.heaps.is_empty() {
         true => (None, Vec::new()),
         false => {
-            let (profile, sites) =
-                profiles::heap_profile(dump, cx.processes, cx.symbolizer, cx.run.sysprof_pid);
-            (Some(profile), sites)
+            let heap = profiles::heap_profile(dump, cx.processes, cx.symbolizer, cx.run.sysprof_pid);
+            (Some((heap.allocated, heap.live)), heap.sites)
         }
     };
     let heap = cx.outcome.heap.as_ref();
@@ -60,8 +59,9 @@ pub(crate) fn analyze(dump: &MemoryDump, cx: &mut Analysis<'_>) -> MemoryReport 
     let fault_time = fault_handling_time(cx);
     cx.recommendations.extend(memory_report::recommendations(&report, h2d_gb_s, &fault_time, wall_s));
     cx.add_profile("faults", "page faults", faults);
-    if let Some(alloc) = alloc {
-        cx.add_profile("alloc", "heap allocations (bytes)", alloc);
+    if let Some((allocated, live)) = alloc {
+        cx.add_profile("alloc", "heap allocations (bytes)", allocated);
+        cx.add_profile("inuse", "heap bytes live at the end (bytes)", live);
     }
     report
 }

@@ -1,6 +1,8 @@
 //! pprof files (`cpu.pb.gz`, ...): every stack profile as a gzipped `profile.proto`, which
 //! `go tool pprof`, Pyroscope, Parca and speedscope read.
 //!
+//! The heap is two files: bytes allocated (`alloc`) and bytes live at the end (`inuse`).
+//!
 //! The message types are libdd-profiling-protobuf's (Datadog's prost types of profile.proto);
 //! prost encodes them. Each profile keeps its unit (on-CPU samples with their CPU time at the
 //! sampling period, off-CPU nanoseconds, faults, bytes), functions, mappings with their files
@@ -131,6 +133,8 @@ enum Kind {
     Faults,
     /// Heap bytes allocated.
     Alloc,
+    /// Heap bytes live at the end.
+    Inuse,
     /// Anything else, in its own unit.
     Other(String),
 }
@@ -143,6 +147,7 @@ impl Kind {
             ("offcpu", _) => Kind::OffCpu,
             ("faults", _) => Kind::Faults,
             ("alloc", _) => Kind::Alloc,
+            ("inuse", _) => Kind::Inuse,
             _ => Kind::Other(unit.to_string()),
         }
     }
@@ -155,6 +160,7 @@ impl Kind {
             Kind::OffCpu => vec![("off_cpu", "nanoseconds")],
             Kind::Faults => vec![("faults", "count")],
             Kind::Alloc => vec![("alloc_space", "bytes")],
+            Kind::Inuse => vec![("inuse_space", "bytes")],
             Kind::Other(unit) => vec![("value", unit.as_str())],
         }
     }
