@@ -9,20 +9,37 @@ mod support;
 use serde_json::Value;
 use support::*;
 
-/// Traces `workload ARGS` with the default families; the report and the workload's stdout.
+/// Traces `workload ARGS` with the default families; the report, the workload's stdout and
+/// report.md.
 fn trace(workload_name: &str, args: &[&str]) -> (Value, String, String) {
+    let (dir, report, stdout) = trace_program(&workload(workload_name), args, None);
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    (report, stdout, markdown)
+}
+
+/// Traces `PROGRAM ARGS` with the default families (the GPU libraries found through
+/// `library_path` when given); the output directory, the report and the program's stdout.
+fn trace_program(
+    program: &std::path::Path,
+    args: &[&str],
+    library_path: Option<&std::path::Path>,
+) -> (tempfile::TempDir, Value, String) {
     let dir = output_dir();
-    let out = sysprof()
+    let mut command = sysprof();
+    if let Some(path) = library_path {
+        command.env("LD_LIBRARY_PATH", path);
+    }
+    let out = command
         .args(["trace", "-q", "-o"])
         .arg(dir.path())
         .arg("--")
-        .arg(workload(workload_name))
+        .arg(program)
         .args(args)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
-    (read_report(dir.path()), String::from_utf8_lossy(&out.stdout).into_owned(), markdown)
+    let report = read_report(dir.path());
+    (dir, report, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn recommendations(report: &Value) -> &Vec<Value> {
@@ -288,15 +305,11 @@ fn an_exec_heavy_run_keeps_its_stacks() {
     let Some(_guard) = root_guard("an_exec_heavy_run_keeps_its_stacks") else { return };
     // 150 short processes, each faulting in its own address space: thousands of distinct
     // stacks, which collide in a direct-mapped stack map; the overflow maps keep them.
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "-o"])
-        .arg(dir.path())
-        .args(["--", "sh", "-c", "for i in $(seq 1 150); do ls / >/dev/null; done"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let report = read_report(dir.path());
+    let (dir, report, _) = trace_program(
+        std::path::Path::new("sh"),
+        &["-c", "for i in $(seq 1 150); do ls / >/dev/null; done"],
+        None,
+    );
     let lost = &report["run"]["lost"];
     let faults = read_folded(&dir.path().join("faults.folded"));
     let distinct = faults.len();
@@ -312,18 +325,7 @@ fn an_exec_heavy_run_keeps_its_stacks() {
 /// Traces the GPU workload with the libcudart and libnccl test doubles (no GPU here): every
 /// call succeeds and takes a known time.
 fn trace_gpu(args: &[&str]) -> Value {
-    let dir = output_dir();
-    let out = sysprof()
-        .env("LD_LIBRARY_PATH", gpu_doubles())
-        .args(["trace", "-q", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(gpu_app())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    read_report(dir.path())
+    trace_program(&gpu_app(), args, Some(&gpu_doubles())).1
 }
 
 #[test]

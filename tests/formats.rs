@@ -20,6 +20,40 @@ fn text(profile: &Profile, index: i64) -> &str {
     &profile.string_table[index as usize]
 }
 
+/// `sysprof trace -q OPTIONS -o DIR -- WORKLOAD ARGS` (with `env` set), which must succeed: the
+/// directory and what it printed.
+fn trace(
+    options: &[&str],
+    env: &[(&str, &str)],
+    workload_name: &str,
+    args: &[&str],
+) -> (tempfile::TempDir, std::process::Output) {
+    let dir = output_dir();
+    let out = sysprof()
+        .envs(env.iter().copied())
+        .args(["trace", "-q"])
+        .args(options)
+        .arg("-o")
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload(workload_name))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    (dir, out)
+}
+
+/// (type, unit) of each of the profile's values.
+fn sample_types(profile: &Profile) -> Vec<(&str, &str)> {
+    profile.sample_types.iter().map(|t| (text(profile, t.r#type), text(profile, t.unit))).collect()
+}
+
+/// The weights of a folded file, added up.
+fn folded_total(path: &Path) -> u64 {
+    read_folded(path).iter().map(|(_, n)| n).sum()
+}
+
 /// The value at `index` of every sample, added up.
 fn total(profile: &Profile, index: usize) -> i64 {
     profile.samples.iter().map(|s| s.values[index]).sum()
@@ -50,26 +84,14 @@ fn self_by_function(profile: &Profile, index: usize) -> HashMap<String, i64> {
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn the_pprof_files_hold_what_the_folded_files_do() {
     let Some(_guard) = root_guard("the_pprof_files_hold_what_the_folded_files_do") else { return };
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "-F", "199", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("busy"))
-        .args(["2", "2"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", support::text(&out));
-    let folded_total =
-        |name: &str| -> u64 { read_folded(&dir.path().join(name)).iter().map(|(_, n)| n).sum() };
+    let (dir, _) = trace(&["-F", "199"], &[], "busy", &["2", "2"]);
+    let folded = |name: &str| folded_total(&dir.path().join(name));
 
     // On-CPU: the sample counts and their CPU time at the period.
     let cpu = decode(&dir.path().join("cpu.pb.gz"));
-    let types: Vec<(&str, &str)> =
-        cpu.sample_types.iter().map(|t| (text(&cpu, t.r#type), text(&cpu, t.unit))).collect();
-    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    assert_eq!(sample_types(&cpu), [("samples", "count"), ("cpu", "nanoseconds")]);
     assert_eq!(cpu.period, 1_000_000_000 / 199);
-    assert_eq!(total(&cpu, 0) as u64, folded_total("cpu.folded"));
+    assert_eq!(total(&cpu, 0) as u64, folded("cpu.folded"));
     assert_eq!(total(&cpu, 1), total(&cpu, 0) * cpu.period);
     let hot = self_by_function(&cpu, 0);
     let top = hot.iter().max_by_key(|(_, n)| **n).unwrap();
@@ -94,12 +116,12 @@ fn the_pprof_files_hold_what_the_folded_files_do() {
 
     // Off-CPU: nanoseconds, the folded microseconds times 1000, the reason a label.
     let offcpu = decode(&dir.path().join("offcpu.pb.gz"));
-    assert_eq!(total(&offcpu, 0) as u64, folded_total("offcpu.folded") * 1000);
+    assert_eq!(total(&offcpu, 0) as u64, folded("offcpu.folded") * 1000);
     assert!(labels(&offcpu).contains_key("reason"), "{:?}", labels(&offcpu));
 
     // Faults: the same weighted counts, minor or major as a label.
     let faults = decode(&dir.path().join("faults.pb.gz"));
-    assert_eq!(total(&faults, 0) as u64, folded_total("faults.folded"));
+    assert_eq!(total(&faults, 0) as u64, folded("faults.folded"));
     assert!(labels(&faults)["fault"].iter().all(|f| f == "minor fault" || f == "major fault"));
 
     // The reference reader: `go tool pprof` parses it and puts burn_hot on top.
@@ -141,22 +163,10 @@ fn go_tool() -> Option<std::path::PathBuf> {
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn the_heap_profile_is_a_pprof_of_bytes() {
     let Some(_guard) = root_guard("the_heap_profile_is_a_pprof_of_bytes") else { return };
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "--malloc", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("memload"))
-        .args(["mallocs", "20000"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", support::text(&out));
+    let (dir, _) = trace(&["--malloc"], &[], "memload", &["mallocs", "20000"]);
     let alloc = decode(&dir.path().join("alloc.pb.gz"));
-    let types: Vec<(&str, &str)> =
-        alloc.sample_types.iter().map(|t| (text(&alloc, t.r#type), text(&alloc, t.unit))).collect();
-    assert_eq!(types, [("alloc_space", "bytes")]);
-    let folded: u64 = read_folded(&dir.path().join("alloc.folded")).iter().map(|(_, n)| n).sum();
-    assert_eq!(total(&alloc, 0) as u64, folded);
+    assert_eq!(sample_types(&alloc), [("alloc_space", "bytes")]);
+    assert_eq!(total(&alloc, 0) as u64, folded_total(&dir.path().join("alloc.folded")));
     // memload's 20,000 blocks of 64 bytes are all there.
     assert!(total(&alloc, 0) >= 20_000 * 64, "{} bytes", total(&alloc, 0));
 }
@@ -165,16 +175,7 @@ fn the_heap_profile_is_a_pprof_of_bytes() {
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_saved_run_renders_again_without_tracing() {
     let Some(_guard) = root_guard("a_saved_run_renders_again_without_tracing") else { return };
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "--save-readout", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("busy"))
-        .args(["1", "2"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", support::text(&out));
+    let (dir, _) = trace(&["--save-readout"], &[], "busy", &["1", "2"]);
     // Rendered again whole: the same report, byte for byte.
     let again = output_dir();
     let rendered = sysprof().arg("report").arg(dir.path()).arg("-o").arg(again.path()).output().unwrap();
@@ -265,17 +266,7 @@ fn the_profiles_reach_a_pyroscope_server_and_a_dead_one_costs_a_line() {
         return;
     };
     let server = PyroscopeDouble::start();
-    let dir = output_dir();
-    let out = sysprof()
-        .env("RANK", "3")
-        .args(["trace", "-q", "--push", &server.url, "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("busy"))
-        .args(["1", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", support::text(&out));
+    let (dir, _) = trace(&["--push", &server.url], &[("RANK", "3")], "busy", &["1", "1"]);
     let requests: Vec<(String, Vec<u8>)> = server.requests.try_iter().collect();
     let names: Vec<&str> = requests.iter().map(|(target, _)| target.as_str()).collect();
     assert_eq!(requests.len(), 3, "cpu, offcpu, faults: {names:?}");
@@ -293,16 +284,7 @@ fn the_profiles_reach_a_pyroscope_server_and_a_dead_one_costs_a_line() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "--push", &url, "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("busy"))
-        .args(["1", "1"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", support::text(&out));
+    let (dir, out) = trace(&["--push", &url], &[], "busy", &["1", "1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("push")).collect();
     assert_eq!(lines.len(), 1, "{stderr}");
@@ -333,11 +315,8 @@ fn the_live_heap_is_a_pprof_of_the_bytes_still_allocated() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", support::text(&out));
     let live = decode(&dir.path().join("inuse.pb.gz"));
-    let types: Vec<(&str, &str)> =
-        live.sample_types.iter().map(|t| (text(&live, t.r#type), text(&live, t.unit))).collect();
-    assert_eq!(types, [("inuse_space", "bytes")]);
-    let folded: u64 = read_folded(&dir.path().join("inuse.folded")).iter().map(|(_, n)| n).sum();
-    assert_eq!(total(&live, 0) as u64, folded);
+    assert_eq!(sample_types(&live), [("inuse_space", "bytes")]);
+    assert_eq!(total(&live, 0) as u64, folded_total(&dir.path().join("inuse.folded")));
     // Through the function that kept them: exactly the bytes it kept; what was freed is not live.
     let through = |function: &str| -> i64 {
         live.samples

@@ -69,14 +69,15 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
 fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u32, now: u64) {
     let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
     syscalls::park_in_flight(tid, prev, now);
-    if config().sched_stats == 0 || window::closed() {
+    if config().sched_stats == 0 {
         return;
     }
     let Some(state) = TASK_STATE.get(prev, true) else {
         counters::add(Counter::SchedLost, 1);
         return;
     };
-    if !target::decide_current(state) {
+    // Targets first; then the window, which is closed only while the results are read.
+    if !target::decide_current(state) || window::closed() {
         return;
     }
     // Preempted while runnable (0), or inside the kernel (TASK_REPORT_MAX): involuntary.
@@ -139,7 +140,7 @@ fn account_switch_out(state: &TaskState, involuntary: bool, prev_state: u32, sta
 
 #[inline(always)]
 fn switch_in(next: *mut task_struct, now: u64) {
-    if config().sched_stats == 0 || window::closed() {
+    if config().sched_stats == 0 {
         return;
     }
     let Some(state) = TASK_STATE.get(next, true) else {
@@ -147,7 +148,7 @@ fn switch_in(next: *mut task_struct, now: u64) {
         return;
     };
     state.switched_in_ns = now;
-    if state.target != TARGET {
+    if state.target != TARGET || window::closed() {
         return;
     }
     let off_since = state.switched_out_ns;
@@ -163,9 +164,11 @@ fn switch_in(next: *mut task_struct, now: u64) {
         // A wait ends at its wakeup; from there to now the thread was runnable, waiting for a
         // CPU (state 0, as a preemption is), so the time model's reasons add up.
         let woken = if runnable_since > from { runnable_since.min(now) } else { now };
-        add_offcpu(state, state.offcpu_state, woken - from);
-        if state.waker_seen != 0 && woken > from {
-            add_wake(state, woken - from);
+        // saturating: a switch racing the start's write may read a clock just before it.
+        let waited = woken.saturating_sub(from);
+        add_offcpu(state, state.offcpu_state, waited);
+        if state.waker_seen != 0 && waited > 0 {
+            add_wake(state, waited);
         }
         if woken < now {
             add_offcpu(state, 0, now - woken);
@@ -227,8 +230,9 @@ fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
     };
 }
 
-/// Offset of the system call number in `struct pt_regs`: `orig_ax` on x86-64, `syscallno` on
-/// arm64; -1 there outside a system call (an interrupt from user mode).
+/// Offset of the system call number in `struct pt_regs`: `orig_ax` (a long) on x86-64,
+/// `syscallno` (an int) on arm64; -1 there outside a system call (an interrupt from user mode).
+/// Its low 32 bits are read, which is the whole number on both (little-endian).
 #[cfg(bpf_target_arch = "x86_64")]
 const SYSCALL_NR_OFFSET: usize = 15 * 8;
 #[cfg(bpf_target_arch = "aarch64")]
@@ -248,7 +252,7 @@ fn in_syscall() -> bool {
         if regs.is_null() || SYSCALL_NR_OFFSET == 0 {
             return false;
         }
-        let nr: i64 =
+        let nr: i32 =
             aya_ebpf::helpers::bpf_probe_read_kernel(regs.add(SYSCALL_NR_OFFSET).cast()).unwrap_or(-1);
         nr >= 0
     }

@@ -112,10 +112,6 @@ fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
-    // A call still in flight when the trace ends is not counted, as strace -c counts none.
-    if window::closed() {
-        return 0;
-    }
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
         return 0;
@@ -136,6 +132,11 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
         state.syscall.active = 0;
         state.syscall
     };
+    // Only a target's call gets here. One still in flight when the trace ends is not counted,
+    // as strace -c counts none.
+    if window::closed() {
+        return 0;
+    }
     let ret: i64 = ctx.arg(1);
     if config().address_space != 0 {
         memory::address_space::account_address_space(&call, ret);

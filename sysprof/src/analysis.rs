@@ -149,7 +149,7 @@ pub(crate) fn analyze(
 
     // Rendered in memory, written after the report (see results::write_all).
     let mut files = Vec::new();
-    let facts = profile_facts(recording, &profiles, processes);
+    let facts = profile_facts(recording, &profiles, processes, symbolizer.reads_files());
     for StackFile { name, title, profile } in &profiles {
         files.extend(output::render(&Artifact::Stacks { name, title, profile, facts: &facts })?);
     }
@@ -264,8 +264,15 @@ fn analysis_order(families: &[Box<dyn Family>]) -> Vec<usize> {
     done
 }
 
-/// The run's facts the pprof files carry, and the files behind the modules the profiles name.
-fn profile_facts(recording: &Recording, profiles: &[StackFile], processes: &ProcessTable) -> ProfileFacts {
+/// The run's facts the pprof files carry, and the files behind the modules the profiles name,
+/// with their build ids when `read_files` (a live run: a replay reads no file its read-out
+/// names, which may be anyone's).
+fn profile_facts(
+    recording: &Recording,
+    profiles: &[StackFile],
+    processes: &ProcessTable,
+    read_files: bool,
+) -> ProfileFacts {
     let run = &recording.run;
     let time_nanos = humantime::parse_rfc3339(&run.started_at)
         .ok()
@@ -282,7 +289,7 @@ fn profile_facts(recording: &Recording, profiles: &[StackFile], processes: &Proc
         time_nanos,
         duration_nanos: run.elapsed.as_nanos() as i64,
         cpu_period_ns,
-        modules: pprof::module_files(&named, processes),
+        modules: pprof::module_files(&named, processes, read_files),
     }
 }
 

@@ -187,8 +187,13 @@ fn from_merged(merged: HashMap<(u32, String, Vec<Frame>), u64>, unit: &str) -> S
             threads: Vec::new(),
         })
         .collect();
-    stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
+    heaviest_first(&mut stacks);
     StackProfile { unit: unit.into(), stacks }
+}
+
+/// Heaviest first; equal weights in frame order, so every output is the same run after run.
+fn heaviest_first(stacks: &mut [WeightedStack]) {
+    stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
 }
 
 /// Builds the on-CPU profile from the raw samples, each stack with its weight by thread.
@@ -222,7 +227,7 @@ pub fn cpu_profile(
             threads: threads.into_iter().map(|((tid, name), weight)| (tid, name, weight)).collect(),
         })
         .collect();
-    stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
+    heaviest_first(&mut stacks);
     StackProfile { unit: "samples".into(), stacks }
 }
 

@@ -216,7 +216,10 @@ fn push_profiles(
 /// the invoking user through sudo. The exit code: 0, or 1 when a file could not be written.
 pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Family]) -> anyhow::Result<u8> {
     let path = dir.join(recording::FILE_NAME);
-    let bytes = match std::fs::read(&path) {
+    // Through sudo, read as the user: the read-out is theirs, never root's to open for them.
+    let user = crate::privileges::InvokingUser::from_sudo_env();
+    let read = crate::privileges::as_user(user.as_ref(), || std::fs::read(&path)).and_then(|read| read);
+    let bytes = match read {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
             "{} has no {}: `sysprof report` renders runs traced with --save-readout; trace again with it",
@@ -226,8 +229,7 @@ pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Famil
         Err(error) => anyhow::bail!("reading {}: {error}", path.display()),
     };
     let (report, mut files) = crate::analysis::replay_keeping(&bytes, focus)?;
-    let mut out =
-        OutputDir::prepare(output.unwrap_or(dir), crate::privileges::InvokingUser::from_sudo_env())?;
+    let mut out = OutputDir::prepare(output.unwrap_or(dir), user)?;
     // The read-out stays where it is; a copy goes with the files rendered elsewhere.
     if output.is_some_and(|o| o != dir) {
         files.push(Rendered { name: recording::FILE_NAME.into(), bytes });

@@ -89,6 +89,12 @@ impl Symbolizer {
         }
     }
 
+    /// Whether answers come from the files themselves (a live run), not from a saved read-out:
+    /// a replay reads no file the read-out names.
+    pub fn reads_files(&self) -> bool {
+        self.blazesym.is_some()
+    }
+
     /// Answers from what an earlier run resolved (a saved read-out); what it did not resolve
     /// stays unknown.
     pub fn replay(known: Symbols) -> Self {

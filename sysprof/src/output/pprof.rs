@@ -50,8 +50,12 @@ pub struct ModuleFile {
 }
 
 /// The files behind the `modules` the frames name, from the processes' mappings, with their
-/// build ids (read from the ELF notes, not the whole file).
-pub fn module_files(modules: &BTreeSet<&str>, processes: &ProcessTable) -> HashMap<String, ModuleFile> {
+/// build ids when `read_build_ids` (from the ELF notes, not the whole file).
+pub fn module_files(
+    modules: &BTreeSet<&str>,
+    processes: &ProcessTable,
+    read_build_ids: bool,
+) -> HashMap<String, ModuleFile> {
     let mut files = HashMap::new();
     for (_, record) in processes.iter() {
         let Some(maps) = &record.maps else { continue };
@@ -61,7 +65,8 @@ pub fn module_files(modules: &BTreeSet<&str>, processes: &ProcessTable) -> HashM
             if !modules.contains(module.as_str()) || files.contains_key(&module) {
                 continue;
             }
-            let file = ModuleFile { path: path.display().to_string(), build_id: build_id(open) };
+            let build_id = if read_build_ids { build_id(open) } else { None };
+            let file = ModuleFile { path: path.display().to_string(), build_id };
             files.insert(module, file);
         }
     }
