@@ -226,6 +226,7 @@ fn the_markdown_report_matches_its_golden_file() {
             samples: 297,
             lost: Lost { user_stacks: 2, ..Lost::default() },
             outputs: vec!["cpu.folded".into(), "cpu.svg".into(), "report.md".into(), "report.json".into()],
+            unwind: None,
         },
         sections: Sections::new(vec![
             Box::new(CpuSection {

@@ -98,8 +98,10 @@ fn sleeps_are_voluntary_switches_and_off_cpu_time_in_the_sleeping_function() {
         .filter(|(frames, _)| frames.iter().any(|f| f == "sleep_in_named_function") && frames[1] == "[sleep]")
         .map(|(_, us)| us)
         .sum();
+    // The first sleep starts within a millisecond of the dynamic loader mapping libc, which
+    // may be before sysprof has read that mapping: that one sleep's stack may end in libc.
     assert!(
-        (500_000..600_000).contains(&in_function),
+        (475_000..600_000).contains(&in_function),
         "{in_function} us in sleep_in_named_function: {folded:?}"
     );
     let svg = std::fs::read_to_string(dir.path().join("offcpu.svg")).unwrap();

@@ -4,7 +4,7 @@
 //! each is `#[repr(C)]` with explicit integer fields and no hidden padding: both sides must agree
 //! on every byte. Map names live here too, so the loader looks maps up by the same names the BPF
 //! side declares them with. One module per probe family, as in the BPF crate (`cpu`, `sched`,
-//! `signals` (with its own map names), `syscalls`, `memory`, `calls`, `process`, and `histogram` which several share), each type with
+//! `signals` (with its own map names), `syscalls`, `memory`, `calls`, `process`, `unwind`, and `histogram` which several share), each type with
 //! its size check and `Pod` impl beside it (`shared!`); everything is re-exported here.
 #![no_std]
 
@@ -29,6 +29,7 @@ mod process;
 mod sched;
 pub mod signals;
 mod syscalls;
+pub mod unwind;
 
 pub use self::{
     calls::{CallEvent, CallKey, CallStats, call},
@@ -229,6 +230,11 @@ pub mod stack {
     /// Marks an id in a stack map's overflow map (see `names::STACKS_OVERFLOW`); below the
     /// ids userspace gives the stacks it rebuilds (1 << 30).
     pub const OVERFLOW: i32 = 1 << 29;
+    /// Marks an id in the unwinder's stack map (`unwind::STACKS`): a user stack walked with
+    /// the unwind tables rather than by frame pointers.
+    pub const UNWOUND: i32 = 1 << 28;
+    /// The bits of an unwound stack's id below the mark.
+    pub const UNWOUND_ID_MASK: u32 = (1 << 28) - 1;
 }
 
 /// In-kernel counters, summed over CPUs by userspace. Each names something sysprof saw or lost.

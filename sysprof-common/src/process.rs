@@ -10,6 +10,9 @@ pub mod process_event {
     pub const EXEC: u32 = 2;
     /// A target process's main thread exited.
     pub const EXIT: u32 = 3;
+    /// A target process mapped executable memory (mmap with PROT_EXEC succeeded): a library
+    /// loaded, whose symbols and unwind table userspace reads now.
+    pub const MAPPED: u32 = 4;
 }
 
 /// Life-cycle event of a target process: rare, so shipped through a ring buffer, which lets

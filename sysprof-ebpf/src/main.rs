@@ -29,6 +29,7 @@ mod signals;
 mod syscalls;
 mod target;
 mod task_state;
+mod unwind;
 mod window;
 
 #[cfg(not(test))]

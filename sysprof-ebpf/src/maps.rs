@@ -89,7 +89,8 @@ fn lost_counter(flags: u64) -> Counter {
 }
 
 /// The id of the current stack in `map`, or in `overflow` (marked `stack::OVERFLOW`) when its
-/// bucket in `map` holds another stack; a stack neither could keep is counted under `lost`.
+/// bucket in `map` holds another stack; a stack neither could keep is counted under `lost`. A
+/// user stack of a process with unwind tables is walked with them instead (`unwind.rs`).
 #[inline(always)]
 pub fn stack_id_counted<C: StackIdContext>(
     map: &StackTrace,
@@ -98,6 +99,14 @@ pub fn stack_id_counted<C: StackIdContext>(
     flags: u64,
     lost: Counter,
 ) -> i32 {
+    if flags & u64::from(BPF_F_USER_STACK) != 0
+        && let Some(id) = crate::unwind::user_stack_id()
+    {
+        if id == stack::LOST {
+            counters::add(lost, 1);
+        }
+        return id;
+    }
     let id = match ctx.get_stackid(map, flags) {
         Err(EEXIST) => ctx.get_stackid(overflow, flags).map(|id| id as i32 | stack::OVERFLOW),
         other => other.map(|id| id as i32),

@@ -77,6 +77,8 @@ fn try_process_exec() {
         }
         target::add_target_process(tgid);
     }
+    // The old program's mappings are gone: frame pointers until userspace writes the new ones.
+    crate::unwind::forget(tgid);
     emit(process_event::EXEC, tgid, 0, 0);
 }
 
@@ -94,7 +96,16 @@ fn try_process_exit() {
     if pid_tgid as u32 != tgid || !target::is_current_target(tgid) {
         return;
     }
+    // Its pid may be reused by a process with other mappings.
+    crate::unwind::forget(tgid);
     emit(process_event::EXIT, tgid, 0, 0);
+}
+
+/// Tells userspace that a target process mapped executable memory (see
+/// `process_event::MAPPED`); called by the syscall exit program.
+#[inline(always)]
+pub fn executable_mapped(tgid: u32) {
+    emit(process_event::MAPPED, tgid, 0, 0);
 }
 
 #[inline(always)]

@@ -72,7 +72,10 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let (timed, weight) = timing(slot, pid_tgid as u32);
-    let args = if config().address_space != 0 && memory::address_space::is_address_space_call(nr as u32) {
+    // mmap's arguments also tell an executable mapping (a library loaded) from the others.
+    let args = if nr as u32 == config().nr_mmap
+        || (config().address_space != 0 && memory::address_space::is_address_space_call(nr as u32))
+    {
         memory::address_space::syscall_args(&ctx)
     } else {
         [0; 3]
@@ -141,9 +144,15 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
     if config().address_space != 0 {
         memory::address_space::account_address_space(&call, ret);
     }
+    if call.nr == config().nr_mmap && !(-4095..0).contains(&ret) && call.args[2] & PROT_EXEC != 0 {
+        crate::process::executable_mapped(call.tgid);
+    }
     record_call(slot, &call, ret);
     0
 }
+
+/// mmap's `prot` bit for executable memory.
+const PROT_EXEC: u64 = 4;
 
 /// Called by the context-switch program for the thread leaving the CPU at `now`: ends its
 /// stretch, and moves its call in flight, if any, from the CPU's slot to the thread's own

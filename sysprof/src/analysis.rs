@@ -211,6 +211,7 @@ pub(crate) fn analyze(
             samples: shared.counters.get(Counter::CpuSamples),
             lost,
             outputs,
+            unwind: run.unwind.clone(),
         },
         sections,
         recommendations,

@@ -219,21 +219,23 @@ fn paranoid_finding() -> Finding {
 fn bpf_findings(uprobe_pmu: bool) -> Vec<Finding> {
     let quiet_config = Config { filter: filter::TARGETS, self_tgid: std::process::id(), ..Config::default() };
     let mut findings = Vec::new();
-    let mut probes =
-        match Probes::load(&quiet_config, MapSizes { stacks: 64, fault_stacks: 1, live_allocations: 1 }) {
-            Ok(probes) => {
-                findings.push(Finding {
-                    name: "BPF load",
-                    status: "ok",
-                    detail: "sysprof's BPF object loads".into(),
-                });
-                probes
-            }
-            Err(error) => {
-                findings.push(Finding { name: "BPF load", status: "fail", detail: format!("{error:#}") });
-                return findings;
-            }
-        };
+    let mut probes = match Probes::load(
+        &quiet_config,
+        MapSizes { stacks: 64, fault_stacks: 1, live_allocations: 1, unwind_chunks: 1 },
+    ) {
+        Ok(probes) => {
+            findings.push(Finding {
+                name: "BPF load",
+                status: "ok",
+                detail: "sysprof's BPF object loads".into(),
+            });
+            probes
+        }
+        Err(error) => {
+            findings.push(Finding { name: "BPF load", status: "fail", detail: format!("{error:#}") });
+            return findings;
+        }
+    };
     findings.push(match probes.attach_cpu_sampling(SampleEvent::CpuClock, 1) {
         Ok(()) => Finding {
             name: "perf events",
@@ -287,8 +289,11 @@ fn bpf_findings(uprobe_pmu: bool) -> Vec<Finding> {
     });
     probes.detach().wait();
     findings.push(
-        match Probes::load(&quiet_config, MapSizes { stacks: 64, fault_stacks: 1, live_allocations: 1 })
-            .and_then(|mut p| p.attach_cpu_sampling(SampleEvent::Cycles, 1).map(|()| p))
+        match Probes::load(
+            &quiet_config,
+            MapSizes { stacks: 64, fault_stacks: 1, live_allocations: 1, unwind_chunks: 1 },
+        )
+        .and_then(|mut p| p.attach_cpu_sampling(SampleEvent::Cycles, 1).map(|()| p))
         {
             Ok(probes) => {
                 probes.detach().wait();

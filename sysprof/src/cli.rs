@@ -28,6 +28,20 @@ pub enum Command {
     Check(CheckArgs),
     /// Show the GPUs, how each pair is connected, and each link's peak bandwidth (NVML)
     Topo(TopoArgs),
+    /// Build the unwind tables of ELF files as a trace would: their rows, size, and the time to
+    /// build them and to read them from the cache
+    Tables(TablesArgs),
+}
+
+/// `sysprof tables` options.
+#[derive(Debug, Args)]
+pub struct TablesArgs {
+    /// ELF files (executables, shared libraries)
+    #[arg(value_name = "FILE", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Print the figures as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `sysprof report` options.
@@ -122,6 +136,13 @@ pub struct TraceArgs {
     #[arg(long, value_name = "N", default_value_t = sysprof_common::capacity::STACKS,
           value_parser = clap::value_parser!(u32).range(1..=MAX_STACK_STORAGE))]
     pub stack_storage_size: u32,
+
+    /// Kernel memory for the unwind tables, in MiB: user stacks are walked with each file's
+    /// .eh_frame, so code built without frame pointers (libc, python, CUDA) unwinds whole; a
+    /// file whose table does not fit is walked by frame pointers, and the report says which. 0:
+    /// frame pointers only
+    #[arg(long, value_name = "MIB", default_value_t = 12, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub unwind_memory: u32,
 
     /// Time every syscall; by default, past 32 calls in one stretch on a CPU, a thread has 1
     /// call in 16 timed (and any call that blocks), which keeps the cost per call low; counts
@@ -227,6 +248,7 @@ impl TraceArgs {
             frequency_hz: self.freq,
             event: self.event,
             stack_storage_size: self.stack_storage_size,
+            unwind_memory_mib: self.unwind_memory,
             time_every_syscall: self.time_every_syscall,
             gpu_libraries: self.cuda_lib.iter().chain(&self.nccl_lib).cloned().collect(),
             functions: self.funcs.clone(),
@@ -304,7 +326,9 @@ mod tests {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Trace(args) => args.into_config().map_err(|e| e.to_string()),
-            Command::Report(_) | Command::Check(_) | Command::Topo(_) => Err("not trace".into()),
+            Command::Report(_) | Command::Check(_) | Command::Topo(_) | Command::Tables(_) => {
+                Err("not trace".into())
+            }
         }
     }
 

@@ -29,6 +29,7 @@ use crate::{
     report::format::thousands,
     selfcost::StatsWindows,
     terminal::{say, stderr_line},
+    unwind::{UnwindSummary, Unwinder},
 };
 
 /// Why the trace ended.
@@ -267,6 +268,8 @@ pub(crate) struct TraceEnd {
     pub stats_coverage: f64,
     /// The programs' statistics when the trace started.
     pub stats_baseline: Vec<crate::probes::ProgramCost>,
+    /// What the unwinder did, when it ran.
+    pub unwind: Option<UnwindSummary>,
 }
 
 /// The uprobe side of the trace: GPU libraries, `--func` functions and the allocator
@@ -349,6 +352,7 @@ pub async fn collect(
     events: RingBuf<MapData>,
     calls: &mut UprobeTracers,
     processes: &mut ProcessTable,
+    mut unwinder: Option<&mut Unwinder>,
     mut plan: StopPlan,
     stop: &Stop,
     status: &StatusLine,
@@ -402,16 +406,29 @@ pub async fn collect(
                 let mut guard = guard?;
                 drain_events(guard.get_inner_mut(), processes);
                 guard.clear_ready();
+                // An exec or a dlopen: its tables now, not at the next tick.
+                if let Some(unwinder) = unwinder.as_deref_mut() {
+                    unwinder.sync(probes, processes);
+                }
             }
             guard = readable(&mut call_events) => {
                 let mut guard = guard?;
                 drain_calls(guard.get_inner_mut(), calls);
                 guard.clear_ready();
             }
+            _ = sleep_until(processes.next_early_rescan().map(tokio::time::Instant::from_std)) => {
+                processes.rescan_due();
+                if let Some(unwinder) = unwinder.as_deref_mut() {
+                    unwinder.sync(probes, processes);
+                }
+            }
             _ = tick.tick() => {
                 processes.rescan_due();
                 processes.sample_memory_due();
                 calls.attach_new(probes, processes);
+                if let Some(unwinder) = unwinder.as_deref_mut() {
+                    unwinder.sync(probes, processes);
+                }
                 stats_windows.tick(probes);
                 if last_status.elapsed() >= STATUS_EVERY {
                     last_status = Instant::now();

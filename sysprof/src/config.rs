@@ -97,6 +97,8 @@ pub struct TraceConfig {
     pub event: SampleEvent,
     /// Entries of the in-kernel stack map.
     pub stack_storage_size: u32,
+    /// Kernel memory for the unwind tables (`--unwind-memory`); 0: frame pointers only.
+    pub unwind_memory_mib: u32,
     /// Time every syscall with the precise clock, even in bursts (more overhead).
     pub time_every_syscall: bool,
     /// CUDA and NCCL libraries to probe besides (or instead of) the ones found in the target.
@@ -135,6 +137,7 @@ impl TraceConfig {
             frequency_hz: 99,
             event: SampleEvent::CpuClock,
             stack_storage_size: sysprof_common::capacity::STACKS,
+            unwind_memory_mib: 12,
             time_every_syscall: false,
             gpu_libraries: Vec::new(),
             functions: Vec::new(),

@@ -58,6 +58,7 @@ pub mod syscalls;
 pub mod target;
 pub mod terminal;
 pub mod trace;
+pub mod unwind;
 pub(crate) mod uprobes;
 
 pub use analysis::replay;

@@ -78,6 +78,9 @@ pub struct MapSizes {
     /// Heap blocks tracked at once (LRU); 1 when the heap is not traced, as the map is
     /// preallocated.
     pub live_allocations: u32,
+    /// Chunks of unwind rows (`sysprof_common::unwind::ROWS`); 1 when stacks are taken by
+    /// frame pointers only.
+    pub unwind_chunks: u32,
 }
 
 /// Entries of a stack map's overflow: a quarter of the map's, as only the stacks whose bucket
@@ -163,6 +166,15 @@ impl Probes {
             .map_max_entries(names::CPU_STACKS_OVERFLOW, overflow_size(sizes.stacks))
             .map_max_entries(names::FAULT_TRACES_OVERFLOW, overflow_size(sizes.fault_stacks))
             .map_max_entries(names::LIVE_ALLOCS, sizes.live_allocations.max(1))
+            .map_max_entries(sysprof_common::unwind::ROWS, sizes.unwind_chunks.max(1))
+            .map_max_entries(
+                sysprof_common::unwind::STACKS,
+                if sizes.unwind_chunks > 1 { sizes.stacks } else { 1 },
+            )
+            .map_max_entries(
+                sysprof_common::unwind::PROCESS_MAPPINGS,
+                if sizes.unwind_chunks > 1 { sysprof_common::unwind::PROCESSES } else { 1 },
+            )
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.
             .allow_unsupported_maps()
@@ -411,6 +423,17 @@ impl Probes {
         name: &str,
         ids: &BTreeSet<u32>,
     ) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
+        if name == sysprof_common::unwind::STACKS {
+            let map: BpfHashMap<&MapData, u32, sysprof_common::unwind::UnwoundStack> =
+                BpfHashMap::try_from(self.map(name)?)?;
+            return Ok(ids
+                .iter()
+                .filter_map(|&id| {
+                    let stack = map.get(&id, 0).ok()?;
+                    Some((id, stack.frames[..(stack.len as usize).min(stack.frames.len())].to_vec()))
+                })
+                .collect());
+        }
         let map = StackTraceMap::try_from(self.map(name)?)?;
         let mut stacks = HashMap::with_capacity(ids.len());
         for &id in ids {

@@ -16,8 +16,15 @@ use crate::{
 
 /// Re-read a new process's maps at these ages: its dynamic loader maps libraries in the first
 /// milliseconds after exec.
-const NEW_PROCESS_RESCANS: [Duration; 4] =
-    [Duration::from_millis(5), Duration::from_millis(30), Duration::from_millis(200), Duration::from_secs(1)];
+const NEW_PROCESS_RESCANS: [Duration; 5] = [
+    Duration::from_millis(2),
+    Duration::from_millis(10),
+    Duration::from_millis(30),
+    Duration::from_millis(200),
+    Duration::from_secs(1),
+];
+/// The least time between two reads of a process's maps prompted by its executable mmaps.
+const MAPPED_RESCAN: Duration = Duration::from_millis(5);
 /// Then re-read live processes this often, for libraries loaded later (dlopen).
 const RESCAN_INTERVAL: Duration = Duration::from_secs(2);
 /// How often when libraries loaded later must be probed soon (GPU tracing, --func).
@@ -45,6 +52,9 @@ pub struct ProcessRecord {
     last_scan: Option<Instant>,
     #[serde(skip)]
     early_scans: usize,
+    /// It mapped executable memory since its maps were last read.
+    #[serde(skip)]
+    mapped_since_scan: bool,
 }
 
 /// Every process seen during the trace, by pid.
@@ -161,6 +171,15 @@ impl ProcessTable {
                 record.early_scans = 0;
                 self.maps_version += u64::from(scan(event.pid, record, now));
             }
+            process_event::MAPPED => {
+                // A library loaded: read the maps now, or as soon as the last read is
+                // MAPPED_RESCAN old (a JIT maps code often).
+                let record = self.processes.entry(event.pid).or_default();
+                match record.last_scan {
+                    Some(last) if now < last + MAPPED_RESCAN => record.mapped_since_scan = true,
+                    _ => self.maps_version += u64::from(scan(event.pid, record, now)),
+                }
+            }
             process_event::EXIT => {
                 let record = self.processes.entry(event.pid).or_default();
                 if record.name.is_empty() {
@@ -184,14 +203,36 @@ impl ProcessTable {
         for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
             let Some(last) = record.last_scan else { continue };
             let due = match NEW_PROCESS_RESCANS.get(record.early_scans) {
+                _ if record.mapped_since_scan => now >= last + MAPPED_RESCAN,
                 Some(&delay) if record.started_during_trace => now >= last + delay.min(self.rescan_interval),
                 _ => live <= MAX_PERIODIC_RESCANS && now >= last + self.rescan_interval,
             };
             if due {
-                record.early_scans += 1;
+                if !record.mapped_since_scan {
+                    record.early_scans += 1;
+                }
+                record.mapped_since_scan = false;
                 self.maps_version += u64::from(scan(pid, record, now));
             }
         }
+    }
+
+    /// When the next early rescan is due: of a new process (see `NEW_PROCESS_RESCANS`), or of
+    /// one that mapped a library since its last. The collect loop wakes for it rather than at
+    /// its next tick, so libraries are known (and their code unwound) within milliseconds.
+    pub fn next_early_rescan(&self) -> Option<Instant> {
+        self.processes
+            .values()
+            .filter(|p| !p.exited)
+            .filter_map(|p| {
+                let last = p.last_scan?;
+                if p.mapped_since_scan {
+                    return Some(last + MAPPED_RESCAN);
+                }
+                let delay = NEW_PROCESS_RESCANS.get(p.early_scans).filter(|_| p.started_during_trace)?;
+                Some(last + (*delay).min(self.rescan_interval))
+            })
+            .min()
     }
 
     /// Reads the maps of `pid` if it was never seen: a process that only shows up in samples.

@@ -9,6 +9,7 @@ use sysprof_common::{SampleKey, stack};
 
 use crate::{
     cpu::CpuSamples,
+    procmaps::ProcessMaps,
     procs::{ProcessTable, comm_to_string},
     symbolize::{Frame, Symbolizer},
 };
@@ -60,6 +61,8 @@ pub struct StackSample {
 /// Marker frames for stacks the kernel could not keep.
 const LOST_USER_STACK: &str = "[user stack lost]";
 const LOST_KERNEL_STACK: &str = "[kernel stack lost]";
+/// Marker frame for a leaf in code no longer mapped when the process's maps were read.
+const UNMAPPED_CODE: &str = "[unmapped code]";
 
 /// Stacks resolved to frames: kernel stacks by id, user stacks by (process, id) since the same
 /// addresses mean different code in different processes.
@@ -106,17 +109,27 @@ impl ResolvedStacks {
         }
         let mut user = HashMap::new();
         for (pid, ids) in user_ids {
-            let addrs: BTreeSet<u64> =
-                ids.iter().filter_map(|id| stacks.get(id)).flat_map(|ips| lookup_addresses(ips)).collect();
             let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+            let addrs: BTreeSet<u64> = ids
+                .iter()
+                .filter_map(|id| stacks.get(id))
+                .flat_map(|ips| lookup_addresses(walked_part(ips, maps)))
+                .collect();
             let frames = symbolizer.user(pid, maps, &addrs.into_iter().collect::<Vec<_>>());
             for id in ids {
                 let Some(ips) = stacks.get(&id) else { continue };
-                let addrs: Vec<u64> = lookup_addresses(ips).collect();
-                user.insert(
-                    (pid, id),
-                    addrs.iter().rev().flat_map(|addr| frames[addr].iter().cloned()).collect(),
-                );
+                let walked = walked_part(ips, maps);
+                let addrs: Vec<u64> = lookup_addresses(walked).collect();
+                let mut resolved: Vec<Frame> =
+                    addrs.iter().rev().flat_map(|addr| frames[addr].iter().cloned()).collect();
+                // A leaf outside every mapping ran code unmapped since (the program before its
+                // exec): no address of it means anything now.
+                if maps.is_some_and(|maps| walked.first().is_some_and(|leaf| maps.find(*leaf).is_none())) {
+                    let leaf = resolved.len() - frames[&addrs[0]].len();
+                    resolved.truncate(leaf);
+                    resolved.push(marker(UNMAPPED_CODE));
+                }
+                user.insert((pid, id), resolved);
             }
         }
         ResolvedStacks { kernel, user }
@@ -303,6 +316,16 @@ fn without_tracing_glue(frames: &mut Vec<Frame>) {
             frames.pop();
         }
     }
+}
+
+/// The part of a user stack the walk got right: the leaf, then each return address inside an
+/// executable mapping of the process. A frame-pointer walk through code built without them
+/// reads any value as the next frame (ASCII of a file name, a counter): it ends at the first
+/// that is no code, and so does the stack. (The unwinder, with tables, stops there itself.)
+fn walked_part<'a>(ips: &'a [u64], maps: Option<&ProcessMaps>) -> &'a [u64] {
+    let Some(maps) = maps else { return ips };
+    let code = ips.iter().skip(1).take_while(|&&ip| maps.find(ip.saturating_sub(1)).is_some()).count();
+    &ips[..ips.len().min(1 + code)]
 }
 
 /// The addresses to symbolize for a stack, innermost first. Every frame but the innermost holds

@@ -103,15 +103,23 @@ impl<'a> MapReader<'a> {
     /// The stacks with these ids in the stack map `name`: id -> instruction pointers, innermost
     /// first.
     /// The stacks of `ids` in stack map `name`, each id marked `stack::OVERFLOW` read from the
-    /// map's overflow (keyed by the marked id, as the programs gave it).
+    /// map's overflow (keyed by the marked id, as the programs gave it), each marked
+    /// `stack::UNWOUND` from the unwinder's map.
     pub(crate) fn stacks(
         &mut self,
         name: &str,
         ids: &BTreeSet<u32>,
     ) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
+        // User stacks the unwinder walked live in its own map, whichever family took them.
+        let unwound_flag = sysprof_common::stack::UNWOUND as u32;
+        let (unwound, ids): (BTreeSet<u32>, BTreeSet<u32>) =
+            ids.iter().partition(|id| *id & unwound_flag != 0);
         let flag = sysprof_common::stack::OVERFLOW as u32;
         let (spilled, own): (BTreeSet<u32>, BTreeSet<u32>) = ids.iter().partition(|id| *id & flag != 0);
         let mut stacks = self.stacks_of(name, &own)?;
+        if !unwound.is_empty() {
+            stacks.extend(self.stacks_of(sysprof_common::unwind::STACKS, &unwound)?);
+        }
         if let Some(overflow) = sysprof_common::names::overflow_of(name)
             && !spilled.is_empty()
         {

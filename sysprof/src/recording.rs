@@ -141,6 +141,9 @@ pub struct RunFacts {
     pub heap_probe_cost_ns: Option<f64>,
     /// sysprof's own CPU seconds and peak RSS (KiB) when the report was built; None until then.
     pub own_usage: Option<(f64, u64)>,
+    /// What the unwinder did, when it ran.
+    #[serde(default)]
+    pub unwind: Option<crate::unwind::UnwindSummary>,
 }
 
 /// What the uprobe families found while the trace ran.

@@ -111,6 +111,7 @@ impl Results {
                 probe_cost_ns,
                 heap_probe_cost_ns,
                 own_usage: None,
+                unwind: end.unwind.clone(),
             },
             props,
             maps,

@@ -2,7 +2,10 @@
 //! symbolize -> write. Whatever ends the trace (duration, Ctrl-C, SIGTERM, the command's or the
 //! targets' exit), the probes are detached and everything collected is written.
 
-use std::{path::Path, time::SystemTime};
+use std::{
+    path::Path,
+    time::{Duration, SystemTime},
+};
 
 use anyhow::Context as _;
 use sysprof_common::{Config, capacity, filter};
@@ -26,6 +29,7 @@ use crate::{
     results::{Results, TraceOutcome},
     target::{self, ResolvedTarget},
     terminal::say,
+    unwind::Unwinder,
     uprobes::calibrate,
 };
 
@@ -144,7 +148,9 @@ fn kernel_config(
         syscall_burst: if config.time_every_syscall { 0 } else { SYSCALL_BURST },
         syscall_sample_every: SYSCALL_SAMPLE_EVERY,
         address_space: 0,
-        nr_mmap: u32::MAX,
+        // Always: a successful executable mmap tells userspace a library was loaded (its
+        // symbols and unwind table are read then); the memory family counts the others.
+        nr_mmap: syscalls::Sysno::mmap as u32,
         nr_munmap: u32::MAX,
         nr_brk: u32::MAX,
         nr_mremap: u32::MAX,
@@ -190,8 +196,14 @@ async fn run(
         stacks: config.stack_storage_size,
         fault_stacks: if on.memory { config.stack_storage_size } else { 1 },
         live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
+        unwind_chunks: unwind_chunks(config.unwind_memory_mib),
     };
     let mut probes = Probes::load(&bpf_config, sizes)?;
+    // The running targets' tables first: cached ones are written before the trace starts.
+    let mut unwinder = (sizes.unwind_chunks > 0).then(|| Unwinder::new(sizes.unwind_chunks));
+    if let Some(unwinder) = &mut unwinder {
+        unwinder.settle(&mut probes, &processes, UNWIND_SETTLE);
+    }
     let mut tracers = UprobeTracers {
         gpu: on.gpu.then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
         funcs: FuncTracer::new(config.functions.clone()),
@@ -236,6 +248,9 @@ async fn run(
             let run_as = config.invoking_user.as_ref().filter(|_| !config.command_as_root);
             let gated = GatedChild::spawn(argv, run_as)?;
             probes.add_target_process(gated.pid())?;
+            if let Some(unwinder) = &mut unwinder {
+                unwinder.prepare(gated.program());
+            }
             Some(gated)
         }
         _ => None,
@@ -282,6 +297,11 @@ async fn run(
             return Err(Error::InterruptedAtStart { signal: signal.name(), code: signal.exit_code() }.into());
         }
         Some(gated) => {
+            // The command's tables (asked for at its spawn) are in before it runs: cached ones
+            // take milliseconds.
+            if let Some(unwinder) = &mut unwinder {
+                unwinder.settle(&mut probes, &processes, UNWIND_SETTLE);
+            }
             processes.observe_existing(gated.pid());
             stop.launched(&[gated.pid()]);
             Some(gated.release()?)
@@ -331,6 +351,7 @@ async fn run(
             events,
             &mut tracers,
             &mut processes,
+            unwinder.as_mut(),
             plan,
             &stop,
             &status,
@@ -363,6 +384,7 @@ async fn run(
     // with the process.
 
     let end = TraceEnd {
+        unwind: unwinder.map(Unwinder::finish),
         started_at,
         elapsed,
         end_ns,
@@ -406,6 +428,19 @@ fn push_props(
     }
     .unwrap_or_else(|| if matches!(target, Target::All) { "all".into() } else { target.to_string() });
     crate::recording::PushProps { url: url.to_string(), service, pid }
+}
+
+/// How long the start waits for the running targets' unwind tables: long enough for cached
+/// ones and small files; larger ones are written when ready, during the trace.
+const UNWIND_SETTLE: Duration = Duration::from_millis(400);
+
+/// Chunks of unwind rows in `mib` MiB of kernel memory; 0 when the unwinder is off (or this
+/// architecture has none).
+fn unwind_chunks(mib: u32) -> u32 {
+    if !Unwinder::supported() {
+        return 0;
+    }
+    (u64::from(mib) * 1024 * 1024 / size_of::<sysprof_common::unwind::RowChunk>() as u64) as u32
 }
 
 fn all_pids() -> Vec<u32> {

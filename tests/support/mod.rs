@@ -61,26 +61,60 @@ pub fn root_guard(test: &str) -> Option<MutexGuard<'static, ()>> {
 
 /// Builds `tests/workloads/NAME.c` (once per test binary) with frame pointers and debug info.
 pub fn workload(name: &str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    build_workload(name, "workloads", &["-O1", "-fno-omit-frame-pointer"], name)
+}
+
+/// Builds `tests/workloads/NAME.c` (once per test binary) as distributions build libc and
+/// python: optimized, WITHOUT frame pointers, with debug info; `shared`: as a library
+/// (`libNAME.so`).
+pub fn workload_without_frame_pointers(name: &str, shared: bool) -> PathBuf {
+    match shared {
+        true => build_workload(
+            name,
+            "workloads-nofp",
+            &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC"],
+            &format!("lib{name}.so"),
+        ),
+        false => build_workload(name, "workloads-nofp", &["-O2", "-fomit-frame-pointer"], name),
+    }
+}
+
+/// Builds `tests/workloads/NAME.c` with `flags` (and debug info, pthreads, libdl) into
+/// `DIR/OUTPUT` under the test target's directory, once per test binary.
+fn build_workload(name: &str, dir: &str, flags: &[&str], output: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    let binary = out_dir.join(output);
     let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
-    if let Some(path) = built.get(name) {
+    if let Some(path) = built.get(&binary) {
         return path.clone();
     }
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/workloads/{name}.c"));
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("workloads");
     std::fs::create_dir_all(&out_dir).unwrap();
-    let binary = out_dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .args(flags)
+        .args(["-g", "-pthread", "-o"])
         .arg(&binary)
         .arg(&source)
         .arg("-ldl")
         .status()
         .unwrap_or_else(|e| panic!("running {cc} for {name}: {e}"));
     assert!(status.success(), "building workload {name} failed");
-    built.insert(name.to_string(), binary.clone());
+    built.insert(binary.clone(), binary.clone());
     binary
+}
+
+/// Whether `tool` runs (`tool --version`); in CI, a tool the tests compare with must.
+pub fn peer_tool(test: &str, tool: &str) -> bool {
+    let works = Command::new(tool).arg("--version").output().is_ok_and(|out| out.status.success());
+    if !works {
+        if std::env::var_os("CI").is_some_and(|v| v != "false" && v != "0") {
+            panic!("{test}: {tool} is missing (.ci/run installs it)");
+        }
+        eprintln!("skipped {test}: {tool} is not installed");
+    }
+    works
 }
 
 /// NVIDIA's real libcudart.so.12 and libnccl.so.2 (from PyPI, fetched by `cargo xtask test`

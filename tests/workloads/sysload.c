@@ -45,7 +45,12 @@ static void sleep_us(long us) {
     }
 }
 
-__attribute__((noinline)) void sleep_in_named_function(long ms) { sleep_us(ms * 1000); }
+// Calls nanosleep itself: the innermost function of the program's own on the sleeping stack.
+__attribute__((noinline)) void sleep_in_named_function(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
 
 __attribute__((noinline)) int maybe_fail(int i) { return i % 2 ? -1 : i; }
 
@@ -58,12 +63,12 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile uint64_t shared_counter;
 static double lock_deadline;
 
-// glibc is built without frame pointers, so a frame-pointer stack walk from inside
-// pthread_mutex_lock skips the function that called it: the wrapper's frame keeps the caller
-// (contended_worker) on the stack, as any program built with frame pointers would.
-__attribute__((noinline)) static void take_lock(void) { pthread_mutex_lock(&lock); }
-// The same for the unlock that wakes a waiter: its caller is the lock holder's code.
-__attribute__((noinline)) static void release_lock(void) { pthread_mutex_unlock(&lock); }
+// The lock is taken and released straight from the workers' code: glibc has no frame pointers,
+// and sysprof's unwinder (its .eh_frame tables) still finds the caller of pthread_mutex_lock.
+// Macros, not functions: a wrapper (even inlined, through the debug info) would be the frame
+// the contention is blamed on.
+#define take_lock() pthread_mutex_lock(&lock)
+#define release_lock() pthread_mutex_unlock(&lock)
 
 __attribute__((noinline)) static void *contended_worker(void *arg) {
     (void)arg;

@@ -44,6 +44,11 @@ enum Bench {
     /// Fresh pages touched one by one: ns added per page fault by sysprof's fault counting
     /// (exact counts, 1 stack in 8) and by bpftrace counting faults by user stack
     Faults,
+    /// Code built without frame pointers: slowdown at 99 and 999 Hz with sysprof's unwinder,
+    /// with frame pointers only, and with `perf record --call-graph dwarf`; the cost of one
+    /// sample; the unwind tables of libc, python and libnccl (size, build and cached read
+    /// time); start to attached for a running Python process
+    Unwind,
     /// All of the above
     All,
 }
@@ -106,6 +111,9 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     if all || args.bench == Bench::Faults {
         runner.faults()?;
+    }
+    if all || args.bench == Bench::Unwind {
+        runner.unwind()?;
     }
     Ok(())
 }
@@ -265,6 +273,109 @@ impl Runner<'_> {
         Ok(())
     }
 
+    fn unwind(&self) -> anyhow::Result<()> {
+        let program = build_workload_with(self.root, self.out, "unwind", &["-O2", "-fomit-frame-pointer"])?;
+        let workload = vec![program.display().to_string(), "work".into(), "1500".into()];
+        let have_perf = tool_works("perf", &["--version"]);
+        let mut configs = vec![Config { name: "bare".into(), argv: workload.clone() }];
+        for hz in ["99", "999"] {
+            configs.push(self.sysprof_config(
+                &format!("sysprof {hz} Hz"),
+                &["--focus", "cpu", "-F", hz],
+                &workload,
+            ));
+            configs.push(self.sysprof_config(
+                &format!("sysprof frame pointers {hz} Hz"),
+                &["--focus", "cpu", "-F", hz, "--unwind-memory", "0"],
+                &workload,
+            ));
+            if have_perf {
+                let data = self.out.join(format!("perf-dwarf-{hz}.data")).display().to_string();
+                let mut perf: Vec<String> = [
+                    "perf",
+                    "record",
+                    "-q",
+                    "--call-graph",
+                    "dwarf",
+                    "-e",
+                    "cpu-clock",
+                    "-F",
+                    hz,
+                    "-o",
+                    &data,
+                    "--",
+                ]
+                .map(String::from)
+                .into();
+                perf.extend(workload.iter().cloned());
+                configs.push(Config { name: format!("perf --call-graph dwarf {hz} Hz"), argv: perf });
+            }
+        }
+        println!(
+            "\nunwind: main -> level1 -> level2 -> level3 -> leaf_spin x 1500, built -O2 -fomit-frame-pointer, \
+             {} rounds, medians",
+            self.runs
+        );
+        let measured = measure(&configs, self.runs, "elapsed_ns")?;
+        print_table(&measured, "workload", |m| format!("{:.3} s", m / 1e9));
+        let bare = measured[0].metric;
+        for hz in ["99", "999"] {
+            let ratio = |name: &str| find(&measured, name).map(|m| m / bare);
+            let cost = |name: &str| sample_cost_ns(&self.out.join(name.replace([' ', '-'], "_")));
+            let ours = format!("sysprof {hz} Hz");
+            let fp = format!("sysprof frame pointers {hz} Hz");
+            println!(
+                "{hz} Hz: sysprof (tables) {}x no tracing, {} ns per sample; frame pointers only {}x, {} ns per \
+                 sample; perf --call-graph dwarf {}x",
+                show(ratio(&ours)),
+                show(cost(&ours)),
+                show(ratio(&fp)),
+                show(cost(&fp)),
+                show(ratio(&format!("perf --call-graph dwarf {hz} Hz"))),
+            );
+        }
+
+        // The tables of the libraries users unwind through.
+        let mut files: Vec<String> = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3.11"]
+            .into_iter()
+            .filter(|f| Path::new(f).exists())
+            .map(String::from)
+            .collect();
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+        let nccl = home.join(".cache/sysprof/nvidia/lib/libnccl.so.2");
+        if nccl.exists() {
+            files.push(nccl.display().to_string());
+        }
+        println!("\nunwind tables (sysprof tables):");
+        let mut tables = Command::new(self.sysprof);
+        crate::run(tables.arg("tables").args(&files))?;
+
+        // Start to attached for a running Python process, its tables cached by a first run.
+        if tool_works("python3", &["--version"]) {
+            let mut python = Command::new("python3")
+                .args(["-c", "import json, re, time; time.sleep(120)"])
+                .stdout(Stdio::null())
+                .spawn()?;
+            let pid = python.id().to_string();
+            let starts = |options: &[&str]| -> anyhow::Result<f64> {
+                let mut seconds = Vec::new();
+                for _ in 0..self.runs.max(3) {
+                    seconds.push(time_to_tracing(self.sysprof, &pid, options, self.out)?);
+                }
+                Ok(median(&mut seconds))
+            };
+            let (tables, fp) = (starts(&[])?, starts(&["--unwind-memory", "0"]));
+            let _ = python.kill();
+            let _ = python.wait();
+            println!(
+                "start to attached, --pid of a running python3: {:.3} s with its tables cached, {:.3} s by frame \
+                 pointers only",
+                tables, fp?
+            );
+        }
+        Ok(())
+    }
+
     fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {
         let results = self.out.join(name.replace([' ', '-'], "_")).display().to_string();
         let mut argv =
@@ -414,16 +525,61 @@ fn median(values: &mut [f64]) -> f64 {
 
 /// Builds `tests/workloads/NAME.c` the way the tests do (frame pointers, debug info).
 fn build_workload(root: &Path, out: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    build_workload_with(root, out, name, &["-O1", "-fno-omit-frame-pointer"])
+}
+
+/// Builds `tests/workloads/NAME.c` with `flags` (and debug info).
+fn build_workload_with(root: &Path, out: &Path, name: &str, flags: &[&str]) -> anyhow::Result<PathBuf> {
     let binary = out.join(name);
     let source = root.join(format!("tests/workloads/{name}.c"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     crate::run(
-        Command::new(&cc)
-            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
-            .arg(&binary)
-            .arg(&source),
+        Command::new(&cc).args(flags).args(["-g", "-pthread", "-o"]).arg(&binary).arg(&source).arg("-ldl"),
     )?;
     Ok(binary)
+}
+
+/// The mean cost of one on-CPU sample in a run's report.json (its BPF run-time statistics).
+fn sample_cost_ns(dir: &Path) -> Option<f64> {
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).ok()?).ok()?;
+    let program = report["overhead"]["programs"].as_array()?.iter().find(|p| p["program"] == "cpu_sample")?;
+    let runs = program["run_count"].as_f64()?;
+    (runs > 0.0).then(|| program["run_time_ns"].as_f64().unwrap_or(0.0) / runs)
+}
+
+fn show(value: Option<f64>) -> String {
+    match value {
+        Some(v) if v >= 10.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.4}"),
+        None => "-".into(),
+    }
+}
+
+/// Seconds from starting `sysprof trace --pid PID` to its "tracing" line (everything attached).
+fn time_to_tracing(sysprof: &Path, pid: &str, options: &[&str], out: &Path) -> anyhow::Result<f64> {
+    use std::io::BufRead as _;
+    let started = Instant::now();
+    let mut child = Command::new(sysprof)
+        .args(["trace", "--pid", pid, "-d", "1s", "-o"])
+        .arg(out.join("start"))
+        .args(options)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut stderr = std::io::BufReader::new(child.stderr.take().context("sysprof's stderr")?);
+    let mut line = String::new();
+    let mut seconds = None;
+    while stderr.read_line(&mut line)? > 0 {
+        if line.starts_with("tracing") {
+            seconds = Some(started.elapsed().as_secs_f64());
+            break;
+        }
+        line.clear();
+    }
+    std::io::copy(&mut stderr, &mut std::io::sink())?;
+    child.wait()?;
+    seconds.context("sysprof never said it was tracing")
 }
 
 fn tool_works(tool: &str, args: &[&str]) -> bool {

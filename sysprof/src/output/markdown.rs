@@ -69,9 +69,32 @@ fn run_summary(out: &mut String, report: &Report) {
             },
         ],
         vec!["Lost".into(), lost(&run.lost)],
+        vec!["User stacks".into(), user_stacks(run.unwind.as_ref())],
         vec!["Files".into(), run.outputs.join(", ")],
     ]);
     table(out, &["", ""], &rows);
+}
+
+/// How user stacks were walked, and what the unwind tables covered.
+fn user_stacks(unwind: Option<&crate::unwind::UnwindSummary>) -> String {
+    let Some(unwind) = unwind else { return "by frame pointers only (no unwind tables)".into() };
+    let mut text = format!(
+        "unwound with the .eh_frame tables of {} file{} ({} from the cache): {} rows, {} of the {} \
+         reserved; frame pointers where a file has none",
+        unwind.files,
+        if unwind.files == 1 { "" } else { "s" },
+        unwind.cached,
+        thousands(unwind.rows),
+        crate::report::format::bytes(unwind.bytes),
+        crate::report::format::bytes(unwind.capacity_bytes),
+    );
+    if !unwind.without_table.is_empty() {
+        text.push_str(&format!(
+            "; {} walked by frame pointers (see Limitations)",
+            unwind.without_table.len()
+        ));
+    }
+    text
 }
 
 /// "none", or each kind of event lost with its count.

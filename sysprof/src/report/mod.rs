@@ -77,6 +77,9 @@ pub struct RunSummary {
     pub lost: Lost,
     /// Files written, relative to the output directory.
     pub outputs: Vec<String>,
+    /// How user stacks were walked: with unwind tables (what they covered), or `None` by
+    /// frame pointers only.
+    pub unwind: Option<crate::unwind::UnwindSummary>,
 }
 
 /// Events the kernel side could not keep.

@@ -1,0 +1,389 @@
+//! User stacks walked with unwind tables (`.eh_frame`), for code built without frame pointers
+//! (Debian's libc and python3, release builds, CUDA): the tables are built in userspace per
+//! mapped file (`sysprof/src/unwind/`), the walk happens here, from the registers the thread
+//! entered the kernel with.
+//!
+//! A process has tables once userspace has written its mappings into `PROCESS_MAPPINGS`; until
+//! then (and on other architectures) its stacks are taken by frame pointers, by the kernel.
+//! Each frame is one iteration of `bpf_loop`, so the verifier checks the step once, whatever
+//! the depth. A mapping without a table is walked by its frame pointers; an address outside
+//! every mapping, a signal frame, or a frame with no caller ends the walk.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use sysprof_common::{
+    stack,
+    unwind::{
+        DEFAULT_CHUNKS, ExecMapping, MAPPINGS_PER_PROCESS, MAX_FRAMES, PROCESSES, ProcessMappings,
+        ROWS_PER_CHUNK, RowChunk, UnwindRow, UnwoundStack, cfa, rbp,
+    },
+};
+
+/// Every file's unwind table (see `sysprof_common::unwind::ROWS`); the loader sizes it.
+#[map]
+static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_CHUNKS, 0);
+
+/// tgid -> its executable mappings and their tables.
+#[map]
+static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(PROCESSES, 0);
+
+/// The stacks walked, by id; the loader sizes it like the kernel's stack maps.
+#[map]
+static UNWOUND_STACKS: HashMap<u32, UnwoundStack> = HashMap::with_max_entries(16 * 1024, 0);
+
+/// The walk in progress on this CPU: too big for the BPF stack, and kept in a map value for the
+/// verifier's sake too. A counter or search bound held on the stack would be tracked exactly,
+/// so each `bpf_loop` iteration would be verified anew (127 frames times each search's steps:
+/// seconds per program); read from a map value it is just a number, and the step is verified
+/// once.
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+struct Scratch {
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    hash: u64,
+    frames: u64,
+    /// The binary search in progress: the answer is the last entry at or below `target`, in
+    /// [low, high).
+    low: u64,
+    high: u64,
+    target: u64,
+    stack: UnwoundStack,
+}
+
+/// Steps of the row search: tables of up to 2^24 rows.
+const ROW_SEARCH_STEPS: usize = 24;
+/// Steps of the mapping search: `MAPPINGS_PER_PROCESS` is 2^9.
+const MAPPING_SEARCH_STEPS: usize = 10;
+
+/// What each `bpf_loop` step is given: only pointers, which stay the same from one step to the
+/// next (see `SCRATCH`).
+#[repr(C)]
+struct Walk {
+    mappings: *const ProcessMappings,
+    scratch: *mut Scratch,
+}
+
+/// The current thread's user stack walked with its process's tables, as an id in
+/// `UNWOUND_STACKS` (or a `stack::` marker); `None` when its process has no tables, for the
+/// caller to take the stack by frame pointers.
+#[inline(always)]
+pub fn user_stack_id() -> Option<i32> {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        walk_current()
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn walk_current() -> Option<i32> {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let mappings = PROCESS_MAPPINGS.get_ptr(tgid)?;
+    let Some(regs) = user_registers() else { return Some(stack::NONE) };
+    let scratch = SCRATCH.get_ptr_mut(0)?;
+    {
+        // SAFETY: a per-CPU map value, used by this CPU's program alone.
+        let scratch = unsafe { &mut *scratch };
+        (scratch.pc, scratch.sp, scratch.bp) = (regs.ip, regs.sp, regs.bp);
+        (scratch.hash, scratch.frames) = (FNV_OFFSET, 0);
+    }
+    let mut walk = Walk { mappings, scratch };
+    // SAFETY: `step` has the signature bpf_loop calls, and `walk` outlives the call.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            MAX_FRAMES as u32,
+            step as *mut core::ffi::c_void,
+            (&mut walk as *mut Walk).cast(),
+            0,
+        );
+    }
+    // SAFETY: as above.
+    let scratch = unsafe { &mut *scratch };
+    if scratch.frames == 0 {
+        return Some(stack::NONE);
+    }
+    scratch.stack.len = scratch.frames as u32;
+    scratch.stack.hash = scratch.hash;
+    Some(store(&scratch.stack))
+}
+
+/// Drops a process's mappings (it exec'd or exited): its stacks are taken by frame pointers
+/// until userspace writes its new ones.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    let _ = PROCESS_MAPPINGS.remove(tgid);
+}
+
+/// The stack's id in `UNWOUND_STACKS`: from its hash, or from the hash's other half when the
+/// first id holds another stack; `stack::LOST` when both do.
+#[inline(always)]
+fn store(stack: &UnwoundStack) -> i32 {
+    let mut bits = stack.hash;
+    for _ in 0..2 {
+        let id = (bits as u32 & stack::UNWOUND_ID_MASK) | stack::UNWOUND as u32;
+        bits >>= 32;
+        // SAFETY: map values stay valid for the program's run; the hash is only read.
+        if let Some(existing) = UNWOUND_STACKS.get_ptr(id) {
+            if unsafe { (*existing).hash } == stack.hash {
+                return id as i32;
+            }
+            continue;
+        }
+        if UNWOUND_STACKS.insert(id, stack, BPF_NOEXIST as u64).is_ok() {
+            return id as i32;
+        }
+        // Another CPU stored a stack under it first: the same one, or not.
+        if let Some(existing) = UNWOUND_STACKS.get_ptr(id)
+            && unsafe { (*existing).hash } == stack.hash
+        {
+            return id as i32;
+        }
+    }
+    stack::LOST
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// The registers a walk starts from.
+struct Registers {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+}
+
+/// x86_64 `struct pt_regs`, in u64 slots (the kernel's ABI for ptrace).
+const PT_REGS_SLOTS: usize = 21;
+const REG_BP: usize = 4;
+const REG_IP: usize = 16;
+const REG_CS: usize = 17;
+const REG_SP: usize = 19;
+
+/// The registers the current thread entered the kernel with (a sample in user mode, a system
+/// call, a fault, a uprobe), or `None` for a kernel thread.
+#[inline(always)]
+fn user_registers() -> Option<Registers> {
+    // SAFETY: plain helper calls; the registers sit at the top of the task's kernel stack, and
+    // a failed read is "none".
+    let slots: [u64; PT_REGS_SLOTS] = unsafe {
+        let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(
+            aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+        ) as *const [u64; PT_REGS_SLOTS];
+        if regs.is_null() {
+            return None;
+        }
+        aya_ebpf::helpers::bpf_probe_read_kernel(regs).ok()?
+    };
+    // Ring 3 in the saved code segment: the thread was in user mode.
+    if slots[REG_CS] & 3 != 3 {
+        return None;
+    }
+    Some(Registers { ip: slots[REG_IP], sp: slots[REG_SP], bp: slots[REG_BP] })
+}
+
+/// One frame: records the pc, then finds the caller's pc, sp and bp. Returns 1 to stop.
+#[inline(never)]
+unsafe extern "C" fn step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Walk` it was given, which lives on the caller's stack;
+    // its pointers are map values that stay valid for the program's run.
+    let (mappings, walk) = unsafe {
+        let walk = &*context.cast::<Walk>();
+        (&*walk.mappings, &mut *walk.scratch)
+    };
+    let leaf = walk.frames == 0;
+    let pc = walk.pc;
+    // A return address points after its call, which may be the function's last instruction.
+    let lookup = if leaf { pc } else { pc.wrapping_sub(1) };
+    let mapping = find_mapping(mappings, walk, lookup);
+    // The leaf is where the CPU was, so it is code even in a mapping not seen yet; any other
+    // address outside every mapping is not a return address.
+    if mapping.is_none() && !leaf {
+        return 1;
+    }
+    let Some(slot) = walk.stack.frames.get_mut(walk.frames as usize) else { return 1 };
+    *slot = pc;
+    walk.frames += 1;
+    walk.hash = (walk.hash ^ pc).wrapping_mul(FNV_PRIME);
+
+    let row = match mapping {
+        Some(mapping) if mapping.rows > 0 => {
+            match find_row(&mapping, walk, lookup.wrapping_sub(mapping.bias)) {
+                Some(row) => row,
+                // An address no entry covers.
+                None => return 1,
+            }
+        }
+        _ => UnwindRow { cfa: cfa::FRAME_POINTER, ..UnwindRow::default() },
+    };
+    let offset = row.cfa_offset as i64 as u64;
+    let frame = match row.cfa {
+        cfa::RSP => walk.sp.wrapping_add(offset),
+        cfa::RBP => walk.bp.wrapping_add(offset),
+        cfa::PLT => {
+            let pushed = if (pc & 15) as i64 >= row.rbp_offset as i64 { 8 } else { 0 };
+            walk.sp.wrapping_add(offset).wrapping_add(pushed)
+        }
+        cfa::RBP_DEREF => match read_user(walk.bp.wrapping_add(offset)) {
+            Some(frame) => frame,
+            None => return 1,
+        },
+        cfa::FRAME_POINTER => {
+            if walk.bp == 0 {
+                return 1;
+            }
+            walk.bp.wrapping_add(16)
+        }
+        _ => return 1,
+    };
+    // The caller's frame is above this one: anything else is a corrupt or foreign stack.
+    if frame <= walk.sp {
+        return 1;
+    }
+    let Some(return_address) = read_user(frame - 8) else { return 1 };
+    let bp = if row.cfa == cfa::FRAME_POINTER {
+        match read_user(frame - 16) {
+            Some(bp) => bp,
+            None => return 1,
+        }
+    } else if row.rbp == rbp::SAVED {
+        match read_user(frame.wrapping_add(row.rbp_offset as i64 as u64)) {
+            Some(bp) => bp,
+            None => return 1,
+        }
+    } else {
+        walk.bp
+    };
+    if return_address == 0 {
+        return 1;
+    }
+    walk.pc = return_address;
+    walk.sp = frame;
+    walk.bp = bp;
+    0
+}
+
+#[inline(always)]
+fn read_user(address: u64) -> Option<u64> {
+    // SAFETY: the helper checks the address; a fault is an error, not a crash.
+    unsafe { bpf_probe_read_user(address as *const u64).ok() }
+}
+
+/// What each step of a binary search is given (see `Walk`); its bounds are in the scratch.
+/// A search is a loop of its own because the verifier would follow every path through an
+/// unrolled one (2^steps).
+#[repr(C)]
+struct Search {
+    mappings: *const ProcessMappings,
+    scratch: *mut Scratch,
+}
+
+/// The process's mapping that holds `pc`.
+#[inline(always)]
+fn find_mapping(mappings: &ProcessMappings, scratch: &mut Scratch, pc: u64) -> Option<ExecMapping> {
+    let count = mappings.count as u64;
+    if count == 0 || count > MAPPINGS_PER_PROCESS as u64 || mapping_at(mappings, 0).start > pc {
+        return None;
+    }
+    (scratch.low, scratch.high, scratch.target) = (0, count, pc);
+    let mut search = Search { mappings, scratch };
+    // SAFETY: as in `walk_current`.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            MAPPING_SEARCH_STEPS as u32,
+            mapping_search_step as *mut core::ffi::c_void,
+            (&mut search as *mut Search).cast(),
+            0,
+        );
+    }
+    let mapping = mapping_at(mappings, scratch.low);
+    (scratch.high == scratch.low + 1 && pc < mapping.end).then_some(mapping)
+}
+
+#[inline(always)]
+fn mapping_at(mappings: &ProcessMappings, index: u64) -> ExecMapping {
+    mappings.mappings[index as usize & (MAPPINGS_PER_PROCESS - 1)]
+}
+
+#[inline(never)]
+unsafe extern "C" fn mapping_search_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Search` it was given; its pointers are map values.
+    let (mappings, search) = unsafe {
+        let search = &*context.cast::<Search>();
+        (&*search.mappings, &mut *search.scratch)
+    };
+    if search.high <= search.low + 1 {
+        return 1;
+    }
+    let middle = search.low + (search.high - search.low) / 2;
+    if mapping_at(mappings, middle).start <= search.target {
+        search.low = middle;
+    } else {
+        search.high = middle;
+    }
+    0
+}
+
+/// The row of `mapping`'s table that covers the file address `address`.
+#[inline(always)]
+fn find_row(mapping: &ExecMapping, scratch: &mut Scratch, address: u64) -> Option<UnwindRow> {
+    if address > u32::MAX as u64 {
+        return None;
+    }
+    let first = mapping.first_row as u64;
+    if row_at(first)?.pc as u64 > address {
+        return None;
+    }
+    (scratch.low, scratch.high, scratch.target) = (first, first + mapping.rows as u64, address);
+    let mut search = Search { mappings: core::ptr::null(), scratch };
+    // SAFETY: as in `walk_current`.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            ROW_SEARCH_STEPS as u32,
+            row_search_step as *mut core::ffi::c_void,
+            (&mut search as *mut Search).cast(),
+            0,
+        );
+    }
+    if scratch.high != scratch.low + 1 {
+        return None;
+    }
+    row_at(scratch.low)
+}
+
+#[inline(never)]
+unsafe extern "C" fn row_search_step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Search` it was given; its scratch is a map value.
+    let search = unsafe { &mut *(*context.cast::<Search>()).scratch };
+    if search.high <= search.low + 1 {
+        return 1;
+    }
+    let middle = search.low + (search.high - search.low) / 2;
+    match row_at(middle) {
+        Some(row) if row.pc as u64 <= search.target => search.low = middle,
+        Some(_) => search.high = middle,
+        // Outside the rows: a table userspace has not finished writing. Fail the search.
+        None => {
+            search.high = 0;
+            return 1;
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn row_at(index: u64) -> Option<UnwindRow> {
+    let chunk = UNWIND_ROWS.get((index / ROWS_PER_CHUNK as u64) as u32)?;
+    Some(chunk.rows[index as usize % ROWS_PER_CHUNK])
+}

@@ -1,0 +1,238 @@
+//! Unwind tables kept on disk by build id, so a library's table is built once per machine, not
+//! once per run: `/var/cache/sysprof/unwind` for root, `$XDG_CACHE_HOME/sysprof/unwind` (or
+//! `~/.cache/...`) for a user with capabilities. A cached table is used only from a directory
+//! and a file that belong to the user sysprof runs as and that no one else can write: a table
+//! someone else wrote is never loaded.
+
+use std::{
+    fs::{DirBuilder, File, OpenOptions},
+    io::{Read as _, Write as _},
+    os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context as _;
+use object::Object as _;
+use sysprof_common::unwind::UnwindRow;
+
+use super::tables::Table;
+
+/// The name sysprof gives the kernel's vDSO among the files it builds tables for: the vDSO is
+/// the same image in every process, so sysprof reads its own.
+pub const VDSO: &str = "[vdso]";
+
+/// Bumped whenever the table format or the rules change: older files are not read.
+const MAGIC: &[u8; 16] = b"SYSPROF-UNWIND-3";
+
+/// The bytes of a file to build a table from, and what names it in the cache.
+pub struct Source {
+    bytes: Bytes,
+    /// GNU build id and size: `None` when the file has no build id (then it is not cached).
+    key: Option<String>,
+}
+
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Source {
+    /// Maps the file read-only (a 500 MB library costs only the pages its tables live in).
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let bytes = if path == Path::new(VDSO) {
+            Bytes::Owned(own_vdso().context("reading the vDSO")?)
+        } else {
+            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: mapped read-only and private; a file truncated under sysprof can fault
+            // (SIGBUS) only while its table is built, as for any reader of a mapped file.
+            Bytes::Mapped(
+                unsafe { memmap2::Mmap::map(&file) }
+                    .with_context(|| format!("mapping {}", path.display()))?,
+            )
+        };
+        let data: &[u8] = match &bytes {
+            Bytes::Mapped(map) => map,
+            Bytes::Owned(vec) => vec,
+        };
+        let key = object::File::parse(data)
+            .ok()
+            .and_then(|file| file.build_id().ok().flatten().map(hex::encode))
+            .map(|id| format!("{id}-{}", data.len()));
+        Ok(Source { bytes, key })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped(map) => map,
+            Bytes::Owned(vec) => vec,
+        }
+    }
+}
+
+/// The vDSO this process has, which is every process's on this kernel.
+fn own_vdso() -> anyhow::Result<Vec<u8>> {
+    let maps = crate::procmaps::ProcessMaps::read(std::process::id())?;
+    let mapping = maps
+        .mappings()
+        .iter()
+        .find(|m| m.backing == crate::procmaps::Backing::Vdso)
+        .context("no [vdso] in sysprof's own maps")?;
+    // SAFETY: the vDSO is mapped readable for the process's life; its bounds come from the
+    // process's own maps.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(mapping.start as *const u8, (mapping.end - mapping.start) as usize)
+    };
+    Ok(bytes.to_vec())
+}
+
+/// The cache directory, checked.
+pub struct Cache {
+    dir: PathBuf,
+    uid: u32,
+}
+
+impl Cache {
+    /// The cache for the user sysprof runs as, created if missing; `None` when it cannot be
+    /// made safe (then tables are built every run).
+    pub fn open() -> Option<Self> {
+        let uid = nix::unistd::geteuid().as_raw();
+        let base = if uid == 0 {
+            PathBuf::from("/var/cache")
+        } else {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .filter(|path| path.is_absolute())
+                .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?
+        };
+        // The base must be the user's or root's and writable by no one else, or someone else
+        // could swap what sysprof creates under it.
+        if !safe_dir(&base, uid, uid == 0) {
+            return None;
+        }
+        let mut dir = base;
+        for part in ["sysprof", "unwind"] {
+            dir.push(part);
+            let _ = DirBuilder::new().mode(0o700).create(&dir);
+            if !safe_dir(&dir, uid, false) {
+                return None;
+            }
+        }
+        Some(Cache { dir, uid })
+    }
+
+    /// The cached table of `source`, if there is one that is safe to read.
+    pub fn get(&self, source: &Source) -> Option<Table> {
+        let path = self.dir.join(format!("{}.rows", source.key.as_ref()?));
+        let mut file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path).ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.uid() != self.uid || meta.mode() & 0o022 != 0 {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.read_to_end(&mut bytes).ok()?;
+        decode(&bytes)
+    }
+
+    /// Keeps `table` for `source`; a failure costs only the next run's build.
+    pub fn put(&self, source: &Source, table: &Table) {
+        let Some(key) = &source.key else { return };
+        let path = self.dir.join(format!("{key}.rows"));
+        let temporary = self.dir.join(format!("{key}.{}.partial", std::process::id()));
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temporary)
+            .and_then(|mut file| file.write_all(&encode(table)));
+        match written {
+            Ok(()) => {
+                let _ = std::fs::rename(&temporary, &path);
+            }
+            Err(_) => {
+                let _ = std::fs::remove_file(&temporary);
+            }
+        }
+    }
+}
+
+/// A directory that is one (not a link), belongs to `uid` (or root, when `root_ok`), and that
+/// no one else can write.
+fn safe_dir(path: &Path, uid: u32, root_ok: bool) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| {
+        meta.is_dir() && (meta.uid() == uid || (root_ok && meta.uid() == 0)) && meta.mode() & 0o022 == 0
+    })
+}
+
+fn encode(table: &Table) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + table.segments.len() * 16 + table.rows.len() * 12);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(table.segments.len() as u64).to_le_bytes());
+    for &(offset, vaddr) in &table.segments {
+        for value in [offset, vaddr] {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+    }
+    out.extend_from_slice(&(table.rows.len() as u64).to_le_bytes());
+    for row in &table.rows {
+        out.extend_from_slice(&row.pc.to_le_bytes());
+        out.extend_from_slice(&row.cfa_offset.to_le_bytes());
+        out.extend_from_slice(&row.rbp_offset.to_le_bytes());
+        out.extend_from_slice(&[row.cfa, row.rbp]);
+    }
+    out
+}
+
+fn decode(bytes: &[u8]) -> Option<Table> {
+    let mut rest = bytes.strip_prefix(MAGIC)?;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, tail) = rest.split_at_checked(n)?;
+        rest = tail;
+        Some(head)
+    };
+    let u64_of = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+    let segments = u64_of(take(8)?) as usize;
+    let mut table = Table::default();
+    for _ in 0..segments.min(1024) {
+        let b = take(16)?;
+        table.segments.push((u64_of(&b[..8]), u64_of(&b[8..])));
+    }
+    let rows = u64_of(take(8)?) as usize;
+    let body = take(rows.checked_mul(12)?)?;
+    table.rows = body
+        .chunks_exact(12)
+        .map(|b| UnwindRow {
+            pc: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            cfa_offset: i32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            rbp_offset: i16::from_le_bytes([b[8], b[9]]),
+            cfa: b[10],
+            rbp: b[11],
+        })
+        .collect();
+    Some(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_reads_back_as_written() {
+        let table = Table {
+            rows: vec![
+                UnwindRow { pc: 0x1000, cfa_offset: 8, rbp_offset: 0, cfa: 1, rbp: 0 },
+                UnwindRow { pc: 0x1004, cfa_offset: -16, rbp_offset: -16, cfa: 2, rbp: 1 },
+            ],
+            segments: vec![(0, 0), (0x2000, 0x3000)],
+        };
+        assert_eq!(decode(&encode(&table)), Some(table));
+        assert_eq!(decode(b"SYSPROF-UNWIND-0"), None, "another format is not read");
+    }
+
+    #[test]
+    fn the_vdso_has_a_table() {
+        let source = Source::open(Path::new(VDSO)).unwrap();
+        let table = super::super::tables::build(source.bytes()).unwrap();
+        assert!(!table.rows.is_empty());
+    }
+}

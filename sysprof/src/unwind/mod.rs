@@ -1,0 +1,455 @@
+//! Unwind tables for the BPF unwinder (`sysprof-ebpf/src/unwind.rs`): for every executable
+//! mapping of the traced processes, the table of its file (`tables.rs`), built by a worker
+//! thread off the collect loop, reused across runs by build id (`cache.rs`), written once per
+//! file into the kernel's `UNWIND_ROWS`; then each process's mappings into
+//! `PROCESS_MAPPINGS`, from which point its user stacks are walked with them.
+//!
+//! A process's stacks are taken by frame pointers (by the kernel) until its mappings are
+//! written, and a mapping whose table is not ready, did not fit or could not be built is
+//! walked by frame pointers. The kernel memory for the tables is fixed at load time
+//! (`--unwind-memory`); what did not fit is said in the report.
+
+mod cache;
+pub mod tables;
+
+use std::{
+    collections::{HashMap, hash_map::DefaultHasher},
+    hash::{Hash as _, Hasher as _},
+    path::PathBuf,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use serde::{Deserialize, Serialize};
+use sysprof_common::unwind::{
+    self as shared, ExecMapping, MAPPINGS_PER_PROCESS, ProcessMappings, ROWS_PER_CHUNK, RowChunk, UnwindRow,
+};
+
+use crate::{
+    probes::Probes,
+    procmaps::{Backing, Mapping},
+    procs::ProcessTable,
+};
+
+/// What the unwinder did, for the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnwindSummary {
+    /// Files whose tables were written into the kernel.
+    pub files: usize,
+    /// Of those, read from the cache rather than built.
+    pub cached: usize,
+    pub rows: u64,
+    /// Kernel memory the tables took and had (bytes).
+    pub bytes: u64,
+    pub capacity_bytes: u64,
+    /// CPU time spent building tables (not reading them from the cache).
+    pub build_s: f64,
+    /// Processes whose stacks were walked with tables.
+    pub processes: usize,
+    /// Files walked by frame pointers instead, each with why.
+    pub without_table: Vec<String>,
+}
+
+/// A file's table, once known.
+#[derive(Clone, Debug)]
+enum FileState {
+    /// Asked of the worker.
+    Pending,
+    /// In the kernel: its rows and what places its addresses.
+    Loaded { first_row: u32, rows: u32, table: std::sync::Arc<tables::Table> },
+    /// Walked by frame pointers (no table, or it did not fit).
+    Without,
+}
+
+/// A table the worker built or found in the cache.
+struct Built {
+    open: PathBuf,
+    result: anyhow::Result<(tables::Table, bool, Duration)>,
+}
+
+/// How long a sync waits for the tables it just asked for (cached ones take a millisecond).
+const CACHED_WAIT: Duration = Duration::from_millis(3);
+
+pub struct Unwinder {
+    files: HashMap<PathBuf, FileState>,
+    /// What each process's entry in `PROCESS_MAPPINGS` was written from.
+    written: HashMap<u32, u64>,
+    next_chunk: u32,
+    capacity_chunks: u32,
+    requests: Option<mpsc::Sender<PathBuf>>,
+    replies: mpsc::Receiver<Built>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    seen_maps: u64,
+    summary: UnwindSummary,
+    /// Processes left to frame pointers because `PROCESS_MAPPINGS` was full.
+    processes_full: usize,
+    sysprof_pid: u32,
+}
+
+impl Unwinder {
+    /// An unwinder with `capacity_chunks` chunks of rows in the kernel (see `Probes::load`).
+    pub fn new(capacity_chunks: u32) -> Self {
+        let (requests, inbox) = mpsc::channel::<PathBuf>();
+        let (outbox, replies) = mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name("sysprof-unwind".into())
+            .spawn(move || {
+                let cache = cache::Cache::open();
+                for open in inbox {
+                    let result = build_one(&open, cache.as_ref());
+                    if outbox.send(Built { open, result }).is_err() {
+                        break;
+                    }
+                }
+            })
+            .ok();
+        Unwinder {
+            files: HashMap::new(),
+            written: HashMap::new(),
+            next_chunk: 0,
+            capacity_chunks,
+            requests: Some(requests),
+            replies,
+            worker,
+            seen_maps: u64::MAX,
+            summary: UnwindSummary {
+                capacity_bytes: u64::from(capacity_chunks) * size_of::<RowChunk>() as u64,
+                ..UnwindSummary::default()
+            },
+            processes_full: 0,
+            sysprof_pid: std::process::id(),
+        }
+    }
+
+    /// Whether this machine's stacks can be unwound with tables at all.
+    pub fn supported() -> bool {
+        cfg!(target_arch = "x86_64")
+    }
+
+    /// Installs the tables that are ready, asks for those of files mapped since the last call,
+    /// and rewrites the entries of the processes whose mappings or tables changed. Cheap when
+    /// nothing did: called on every tick of the collect loop.
+    pub fn sync(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+        let mut changed = self.install_ready(probes);
+        if processes.maps_version() != self.seen_maps {
+            self.seen_maps = processes.maps_version();
+            changed = true;
+        }
+        if !changed {
+            return;
+        }
+        if self.write_entries(probes, processes) > 0 {
+            // A cached table comes back within a millisecond: written now, a new program's
+            // first samples are whole, not a tick later.
+            if self.wait_for_tables(probes, Instant::now() + CACHED_WAIT) {
+                self.write_entries(probes, processes);
+            }
+        }
+    }
+
+    /// Asks for the tables of a program about to be launched: itself, its dynamic loader and
+    /// the libraries it needs (as the loader will find them), and the vDSO, so that they are
+    /// ready when it execs (see `settle`) and its first milliseconds are unwound too.
+    pub fn prepare(&mut self, program: &std::path::Path) {
+        let mut files = vec![program.to_path_buf()];
+        files.extend(interpreter(program));
+        files.extend(crate::uprobes::needed::needed_libraries(program));
+        for file in files {
+            // Named as the process's maps will name it.
+            let Ok(open) = std::fs::canonicalize(&file) else { continue };
+            self.ask(open);
+        }
+        self.ask(PathBuf::from(cache::VDSO));
+    }
+
+    fn ask(&mut self, open: PathBuf) {
+        if !self.files.contains_key(&open)
+            && let Some(requests) = &self.requests
+            && requests.send(open.clone()).is_ok()
+        {
+            self.files.insert(open, FileState::Pending);
+        }
+    }
+
+    /// Waits up to `limit` for the tables asked so far, installing them as they come: a trace
+    /// of running processes starts with their stacks whole when the tables are cached.
+    pub fn settle(&mut self, probes: &mut Probes, processes: &ProcessTable, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        self.write_entries(probes, processes);
+        if self.wait_for_tables(probes, deadline) {
+            self.write_entries(probes, processes);
+        }
+    }
+
+    /// Installs tables as the worker finishes them until none is pending or `deadline`;
+    /// whether any was.
+    fn wait_for_tables(&mut self, probes: &mut Probes, deadline: Instant) -> bool {
+        let mut any = false;
+        while self.files.values().any(|state| matches!(state, FileState::Pending)) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else { break };
+            match self.replies.recv_timeout(left) {
+                Ok(built) => {
+                    self.install(probes, built);
+                    any = true;
+                }
+                Err(_) => break,
+            }
+        }
+        any
+    }
+
+    /// Writes the entry of every live process whose mappings or tables changed, drops those
+    /// of processes that exited; returns how many tables it asked the worker for.
+    fn write_entries(&mut self, probes: &mut Probes, processes: &ProcessTable) -> usize {
+        let pending_before = self.files.len();
+        let Ok(map) = probes.map_mut(shared::PROCESS_MAPPINGS) else { return 0 };
+        let Ok(mut entries) = BpfHashMap::<&mut MapData, u32, ProcessMappings>::try_from(map) else {
+            return 0;
+        };
+        let mut full = 0;
+        for (pid, record) in processes.iter() {
+            if pid == self.sysprof_pid {
+                continue;
+            }
+            if record.exited {
+                if self.written.remove(&pid).is_some() {
+                    let _ = entries.remove(&pid);
+                }
+                continue;
+            }
+            let Some(maps) = &record.maps else { continue };
+            let entry = entry_for(&mut self.files, self.requests.as_ref(), maps.mappings());
+            let signature = signature(&entry);
+            if self.written.get(&pid) == Some(&signature) {
+                continue;
+            }
+            if entries.insert(pid, entry.as_ref(), 0).is_ok() {
+                self.written.insert(pid, signature);
+            } else {
+                full += 1;
+            }
+        }
+        self.processes_full = self.processes_full.max(full);
+        self.summary.processes = self.summary.processes.max(self.written.len());
+        self.files.len() - pending_before
+    }
+
+    /// What the unwinder did; stops the worker.
+    pub fn finish(mut self) -> UnwindSummary {
+        self.requests = None;
+        if let Some(worker) = self.worker.take() {
+            // The worker ends after the file it is on: its queue is dropped.
+            drop(worker);
+        }
+        if self.processes_full > 0 {
+            self.summary.without_table.push(format!(
+                "{} processes beyond the {} that the kernel's table holds: walked by frame pointers",
+                self.processes_full,
+                shared::PROCESSES
+            ));
+        }
+        self.summary
+    }
+
+    /// The tables the worker finished since the last look; whether any was.
+    fn install_ready(&mut self, probes: &mut Probes) -> bool {
+        let mut any = false;
+        while let Ok(built) = self.replies.try_recv() {
+            self.install(probes, built);
+            any = true;
+        }
+        any
+    }
+
+    fn install(&mut self, probes: &mut Probes, built: Built) {
+        let name = built.open.display().to_string();
+        let state = match built.result {
+            Ok((table, cached, took)) if !table.rows.is_empty() => {
+                if !cached {
+                    self.summary.build_s += took.as_secs_f64();
+                }
+                match self.write_rows(probes, &table.rows) {
+                    Ok(first_row) => {
+                        self.summary.files += 1;
+                        self.summary.cached += usize::from(cached);
+                        self.summary.rows += table.rows.len() as u64;
+                        FileState::Loaded { first_row, rows: table.rows.len() as u32, table: table.into() }
+                    }
+                    Err(why) => {
+                        self.summary.without_table.push(format!("{name}: {why}"));
+                        FileState::Without
+                    }
+                }
+            }
+            Ok(_) => FileState::Without,
+            Err(error) => {
+                self.summary.without_table.push(format!("{name}: {error:#}"));
+                FileState::Without
+            }
+        };
+        self.files.insert(built.open, state);
+    }
+
+    /// Writes a table's rows at the next free chunk; returns its first row's index.
+    fn write_rows(&mut self, probes: &mut Probes, rows: &[UnwindRow]) -> Result<u32, String> {
+        let chunks = rows.len().div_ceil(ROWS_PER_CHUNK) as u32;
+        if self.next_chunk + chunks > self.capacity_chunks {
+            return Err(format!(
+                "its table ({} rows, {}) did not fit in what is left of --unwind-memory: walked by frame \
+                 pointers",
+                rows.len(),
+                crate::report::format::bytes(size_of_val(rows) as u64)
+            ));
+        }
+        let map = probes.map_mut(shared::ROWS).map_err(|e| e.to_string())?;
+        let mut array = Array::<&mut MapData, RowChunk>::try_from(map).map_err(|e| e.to_string())?;
+        let first = self.next_chunk;
+        for (index, part) in rows.chunks(ROWS_PER_CHUNK).enumerate() {
+            let mut chunk = RowChunk { rows: [UnwindRow::default(); ROWS_PER_CHUNK] };
+            chunk.rows[..part.len()].copy_from_slice(part);
+            array.set(first + index as u32, chunk, 0).map_err(|e| format!("writing its table: {e}"))?;
+        }
+        self.next_chunk += chunks;
+        self.summary.bytes = u64::from(self.next_chunk) * size_of::<RowChunk>() as u64;
+        Ok(first * ROWS_PER_CHUNK as u32)
+    }
+}
+
+/// A process's entry: each mapping with its file's table where it is loaded (asking the
+/// worker for it where it was never asked), frame pointers elsewhere.
+fn entry_for(
+    files: &mut HashMap<PathBuf, FileState>,
+    requests: Option<&mpsc::Sender<PathBuf>>,
+    mappings: &[Mapping],
+) -> Box<ProcessMappings> {
+    let mut entry = Box::new(ProcessMappings {
+        count: 0,
+        _pad: 0,
+        mappings: [ExecMapping::default(); MAPPINGS_PER_PROCESS],
+    });
+    for (slot, mapping) in entry.mappings.iter_mut().zip(mappings) {
+        *slot = ExecMapping { start: mapping.start, end: mapping.end, ..ExecMapping::default() };
+        let open = match &mapping.backing {
+            Backing::File { open, .. } => open.clone(),
+            Backing::Vdso => PathBuf::from(cache::VDSO),
+            _ => continue,
+        };
+        match files.get(&open) {
+            Some(FileState::Loaded { first_row, rows, table }) => {
+                if let Some(bias) = table.bias(mapping.start, mapping.file_offset) {
+                    (slot.first_row, slot.rows, slot.bias) = (*first_row, *rows, bias);
+                }
+            }
+            Some(_) => {}
+            None => {
+                if let Some(requests) = requests
+                    && requests.send(open.clone()).is_ok()
+                {
+                    files.insert(open, FileState::Pending);
+                }
+            }
+        }
+    }
+    entry.count = mappings.len().min(MAPPINGS_PER_PROCESS) as u32;
+    entry
+}
+
+/// The dynamic loader a program names (PT_INTERP), if it is an ELF file that names one.
+fn interpreter(program: &std::path::Path) -> Option<PathBuf> {
+    use object::read::elf::{FileHeader as _, ProgramHeader as _};
+    let data = std::fs::read(program).ok()?;
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
+    let endian = header.endian().ok()?;
+    let headers = header.program_headers(endian, &*data).ok()?;
+    let interp = headers.iter().find(|h| h.p_type(endian) == object::elf::PT_INTERP)?;
+    let bytes = interp.data(endian, &*data).ok()?;
+    let path = bytes.split(|&b| b == 0).next()?;
+    Some(PathBuf::from(std::str::from_utf8(path).ok()?))
+}
+
+/// What an entry was written from: its mappings and their tables.
+fn signature(entry: &ProcessMappings) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    for mapping in &entry.mappings[..entry.count as usize] {
+        (mapping.start, mapping.end, mapping.bias, mapping.first_row, mapping.rows).hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// What `sysprof tables` prints for one file.
+#[derive(Debug, Serialize)]
+struct TableFigures {
+    file: String,
+    rows: usize,
+    /// Kernel memory its rows take (whole chunks).
+    bytes: u64,
+    build_ms: f64,
+    cached_read_ms: f64,
+}
+
+/// `sysprof tables FILE...`: each file's table built (without the cache), then read back from
+/// the cache (written first if it was not there).
+pub fn describe_tables(files: &[PathBuf], json: bool) -> anyhow::Result<u8> {
+    use anyhow::Context as _;
+    let cache = cache::Cache::open();
+    let mut figures = Vec::new();
+    for file in files {
+        let started = Instant::now();
+        let source = cache::Source::open(file)?;
+        let table = tables::build(source.bytes())
+            .with_context(|| format!("building the table of {}", file.display()))?;
+        let build_ms = started.elapsed().as_secs_f64() * 1e3;
+        let cached_read_ms = match &cache {
+            Some(cache) => {
+                if cache.get(&source).is_none() {
+                    cache.put(&source, &table);
+                }
+                let started = Instant::now();
+                let _ = cache.get(&cache::Source::open(file)?);
+                started.elapsed().as_secs_f64() * 1e3
+            }
+            None => f64::NAN,
+        };
+        figures.push(TableFigures {
+            file: file.display().to_string(),
+            rows: table.rows.len(),
+            bytes: (table.rows.len().div_ceil(ROWS_PER_CHUNK) * size_of::<RowChunk>()) as u64,
+            build_ms,
+            cached_read_ms,
+        });
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&figures)?);
+    } else {
+        for f in &figures {
+            println!(
+                "{}: {} rows, {} of kernel memory; built in {:.1} ms, read from the cache in {:.1} ms",
+                f.file,
+                crate::report::format::thousands(f.rows as u64),
+                crate::report::format::bytes(f.bytes),
+                f.build_ms,
+                f.cached_read_ms
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// A file's table, from the cache or built (and then cached); whether it was cached, and how
+/// long it took.
+fn build_one(
+    open: &std::path::Path,
+    cache: Option<&cache::Cache>,
+) -> anyhow::Result<(tables::Table, bool, Duration)> {
+    let started = Instant::now();
+    let source = cache::Source::open(open)?;
+    if let Some(table) = cache.and_then(|cache| cache.get(&source)) {
+        return Ok((table, true, started.elapsed()));
+    }
+    let table = tables::build(source.bytes())?;
+    if let Some(cache) = cache {
+        cache.put(&source, &table);
+    }
+    Ok((table, false, started.elapsed()))
+}

@@ -1,0 +1,259 @@
+//! Unwind tables from a file's call frame information: every row of every FDE of `.eh_frame`
+//! (or `.debug_frame` where that is all there is), parsed with gimli and reduced to what the
+//! BPF unwinder evaluates (`sysprof_common::unwind::UnwindRow`): where the CFA is, and where
+//! the caller's frame pointer was saved. gimli rather than a ready table builder: it is already
+//! in sysprof's tree (blazesym reads DWARF with it), reads both sections and every pointer
+//! encoding, and the rows' format is the BPF side's own.
+
+use anyhow::Context as _;
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection, X86_64,
+};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+use sysprof_common::unwind::{UnwindRow, cfa, rbp};
+
+/// A file's unwind table, and what places its addresses in a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Table {
+    /// Sorted by `pc`; a gap between FDEs is a row that ends the walk.
+    pub rows: Vec<UnwindRow>,
+    /// The file's executable loadable segments: (file offset, virtual address).
+    pub segments: Vec<(u64, u64)>,
+}
+
+/// The page size mappings are aligned to.
+const PAGE: u64 = 4096;
+
+impl Table {
+    /// What to subtract from an address in a mapping of this file that starts at `start` at
+    /// file offset `file_offset`, to get the file's own address; `None` when no executable
+    /// segment is mapped there. The loader maps a segment from its offset rounded down to a
+    /// page, which may hold the end of the segment before it (lld packs them).
+    pub fn bias(&self, start: u64, file_offset: u64) -> Option<u64> {
+        let &(_, vaddr) = self.segments.iter().find(|(offset, _)| offset & !(PAGE - 1) == file_offset)?;
+        Some(start.wrapping_sub(vaddr & !(PAGE - 1)))
+    }
+}
+
+/// Builds the table of an ELF file (x86_64 only: the rules are x86_64's registers).
+pub fn build(data: &[u8]) -> anyhow::Result<Table> {
+    let file = object::File::parse(data).context("not an ELF file sysprof can read")?;
+    if file.architecture() != object::Architecture::X86_64 {
+        anyhow::bail!("unwind tables are built for x86_64 code only");
+    }
+    let segments = file
+        .segments()
+        .filter(|segment| matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+        .map(|segment| (segment.file_range().0, segment.address()))
+        .collect();
+    let mut spans = Vec::new();
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        let bytes = section.data().context("reading .eh_frame")?;
+        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+        if let Some(text) = file.section_by_name(".text") {
+            bases = bases.set_text(text.address());
+        }
+        if let Some(got) = file.section_by_name(".got") {
+            bases = bases.set_got(got.address());
+        }
+        collect(&EhFrame::new(bytes, LittleEndian), &bases, &mut spans)?;
+    } else if let Some(section) = file.section_by_name(".debug_frame") {
+        let bytes = section.data().context("reading .debug_frame")?;
+        let mut frame = DebugFrame::new(bytes, LittleEndian);
+        frame.set_address_size(8);
+        collect(&frame, &BaseAddresses::default(), &mut spans)?;
+    }
+    Ok(Table { rows: rows_of(spans)?, segments })
+}
+
+/// One row's span of addresses and its rule.
+struct Span {
+    start: u64,
+    end: u64,
+    row: UnwindRow,
+}
+
+/// Every row of every FDE of `section`.
+fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    spans: &mut Vec<Span>,
+) -> anyhow::Result<()>
+where
+    S::Offset: gimli::UnwindOffset<usize>,
+{
+    let mut context = Box::new(UnwindContext::new());
+    let mut entries = section.entries(bases);
+    while let Some(entry) = entries.next().context("reading the call frame information")? {
+        let CieOrFde::Fde(partial) = entry else { continue };
+        // A broken entry costs its function, not the file.
+        let Ok(fde) = partial.parse(S::cie_from_offset) else { continue };
+        let signal = fde.is_signal_trampoline();
+        let Ok(mut table) = fde.rows(section, bases, &mut context) else { continue };
+        while let Ok(Some(row)) = table.next_row() {
+            if row.start_address() >= row.end_address() {
+                continue;
+            }
+            let rule = if signal {
+                UnwindRow { cfa: cfa::END, ..UnwindRow::default() }
+            } else {
+                rule_of(section, row)
+            };
+            spans.push(Span { start: row.start_address(), end: row.end_address(), row: rule });
+        }
+    }
+    Ok(())
+}
+
+/// The BPF side's rule for one row.
+fn rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+) -> UnwindRow {
+    let end = UnwindRow { cfa: cfa::END, ..UnwindRow::default() };
+    let frame_pointer = UnwindRow { cfa: cfa::FRAME_POINTER, ..UnwindRow::default() };
+    // The return address: always at CFA - 8 on x86_64; undefined in the outermost frame.
+    match row.register(X86_64::RA) {
+        Some(RegisterRule::Offset(-8)) => {}
+        Some(RegisterRule::Undefined) | None => return end,
+        Some(_) => return frame_pointer,
+    }
+    let (kind, offset, mut rbp_offset) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => (cfa::RSP, *offset, 0),
+        CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => (cfa::RBP, *offset, 0),
+        CfaRule::RegisterAndOffset { .. } => return frame_pointer,
+        CfaRule::Expression(expression) => {
+            let Ok(expression) = expression.get(section) else { return frame_pointer };
+            match known_expression(expression.0.slice()) {
+                Some(known) => known,
+                None => return frame_pointer,
+            }
+        }
+    };
+    let Ok(offset) = i32::try_from(offset) else { return frame_pointer };
+    let mut rbp_kind = rbp::UNCHANGED;
+    if kind != cfa::PLT
+        && let Some(RegisterRule::Offset(saved)) = row.register(X86_64::RBP)
+        && let Ok(saved) = i16::try_from(saved)
+    {
+        rbp_kind = rbp::SAVED;
+        rbp_offset = saved;
+    }
+    UnwindRow { pc: 0, cfa_offset: offset, rbp_offset, cfa: kind, rbp: rbp_kind }
+}
+
+const DW_OP_BREG6: u8 = 0x76;
+const DW_OP_BREG7: u8 = 0x77;
+const DW_OP_DEREF: u8 = 0x06;
+
+/// The two CFA expressions compilers emit for x86_64 user code: the PLT stub's
+/// (`rsp + N + ((rip & 15) >= K) << 3`) and a realigned stack's (`*(rbp + N)`). Returns the
+/// kind, its offset and (for the PLT) the threshold K.
+fn known_expression(bytes: &[u8]) -> Option<(u8, i64, i16)> {
+    let (&op, rest) = bytes.split_first()?;
+    let (offset, rest) = sleb128(rest)?;
+    match op {
+        // DW_OP_breg16 0, lit15, and, litK, ge, lit3, shl, plus
+        DW_OP_BREG7 => match rest {
+            [0x80, 0x00, 0x3f, 0x1a, lit, 0x2a, 0x33, 0x24, 0x22] if (0x30..=0x3f).contains(lit) => {
+                Some((cfa::PLT, offset, i16::from(lit - 0x30)))
+            }
+            _ => None,
+        },
+        DW_OP_BREG6 if rest == [DW_OP_DEREF] => Some((cfa::RBP_DEREF, offset, 0)),
+        _ => None,
+    }
+}
+
+fn sleb128(bytes: &[u8]) -> Option<(i64, &[u8])> {
+    let mut reader = gimli::EndianSlice::new(bytes, LittleEndian);
+    let value = gimli::Reader::read_sleb128(&mut reader).ok()?;
+    Some((value, reader.slice()))
+}
+
+/// The spans as sorted rows: neighbours with the same rule merged, a gap between FDEs marked
+/// with a row that ends the walk.
+fn rows_of(mut spans: Vec<Span>) -> anyhow::Result<Vec<UnwindRow>> {
+    spans.sort_by_key(|span| span.start);
+    let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len());
+    let mut covered_to = 0u64;
+    for span in spans {
+        let pc = u32::try_from(span.start).context("code above 4 GiB in the file's addresses")?;
+        if !rows.is_empty() && covered_to < span.start {
+            let gap = u32::try_from(covered_to).context("code above 4 GiB in the file's addresses")?;
+            rows.push(UnwindRow { pc: gap, cfa: cfa::END, ..UnwindRow::default() });
+        }
+        let row = UnwindRow { pc, ..span.row };
+        match rows.last_mut() {
+            // Same rule as the row before: one row covers both.
+            Some(last) if UnwindRow { pc: last.pc, ..row } == *last => {}
+            // Same start (overlapping FDEs): the later one wins.
+            Some(last) if last.pc == pc => *last = row,
+            _ => rows.push(row),
+        }
+        covered_to = covered_to.max(span.end);
+    }
+    if !rows.is_empty() {
+        let end = u32::try_from(covered_to).unwrap_or(u32::MAX);
+        rows.push(UnwindRow { pc: end, cfa: cfa::END, ..UnwindRow::default() });
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_plt_and_realigned_stack_expressions() {
+        // rsp + 8 + ((rip & 15) >= 11) << 3, as ld writes it for .plt.
+        let plt = [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22];
+        assert_eq!(known_expression(&plt), Some((cfa::PLT, 8, 11)));
+        // *(rbp - 8), gcc's DRAP.
+        assert_eq!(known_expression(&[0x76, 0x78, 0x06]), Some((cfa::RBP_DEREF, -8, 0)));
+        assert_eq!(known_expression(&[0x76, 0x78]), None);
+    }
+
+    #[test]
+    fn gaps_end_the_walk_and_equal_neighbours_merge() {
+        let rsp = |offset| UnwindRow { cfa: cfa::RSP, cfa_offset: offset, ..UnwindRow::default() };
+        let spans = vec![
+            Span { start: 0x1010, end: 0x1020, row: rsp(16) },
+            Span { start: 0x1000, end: 0x1010, row: rsp(8) },
+            Span { start: 0x1020, end: 0x1030, row: rsp(16) },
+            Span { start: 0x1100, end: 0x1110, row: rsp(8) },
+        ];
+        let rows = rows_of(spans).unwrap();
+        let summary: Vec<(u32, u8, i32)> = rows.iter().map(|row| (row.pc, row.cfa, row.cfa_offset)).collect();
+        assert_eq!(
+            summary,
+            [
+                (0x1000, cfa::RSP, 8),
+                (0x1010, cfa::RSP, 16),
+                (0x1030, cfa::END, 0),
+                (0x1100, cfa::RSP, 8),
+                (0x1110, cfa::END, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn its_own_binary_has_a_table_for_its_own_code() {
+        let path = std::env::current_exe().unwrap();
+        let data = std::fs::read(&path).unwrap();
+        let table = build(&data).unwrap();
+        assert!(table.rows.len() > 1000, "{} rows", table.rows.len());
+        assert!(table.rows.windows(2).all(|pair| pair[0].pc < pair[1].pc), "rows sorted and distinct");
+        // This very function's address (the test binary is position-independent): covered
+        // by a row with a CFA rule from the stack pointer.
+        let here = its_own_binary_has_a_table_for_its_own_code as *const () as u64;
+        let maps = crate::procmaps::ProcessMaps::read(std::process::id()).unwrap();
+        let mapping = maps.find(here).unwrap();
+        let bias = table.bias(mapping.start, mapping.file_offset).unwrap();
+        let address = (here - bias) as u32;
+        let row = table.rows[table.rows.partition_point(|row| row.pc <= address) - 1];
+        assert_eq!(row.cfa, cfa::RSP, "{row:?}");
+        assert_eq!(row.cfa_offset, 8, "at a function's first instruction the CFA is rsp + 8: {row:?}");
+    }
+}
