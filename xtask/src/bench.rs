@@ -571,7 +571,7 @@ fn time_to_tracing(sysprof: &Path, pid: &str, options: &[&str], out: &Path) -> a
     let mut line = String::new();
     let mut seconds = None;
     while stderr.read_line(&mut line)? > 0 {
-        if line.starts_with("tracing") {
+        if line.contains("tracing") {
             seconds = Some(started.elapsed().as_secs_f64());
             break;
         }
