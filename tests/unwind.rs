@@ -210,3 +210,28 @@ fn debian_python_stacks_reach_main_as_perf_dwarf_does() {
         perf_eval * 100.0
     );
 }
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_table_that_does_not_fit_is_named_in_the_report() {
+    let test = "a_table_that_does_not_fit_is_named_in_the_report";
+    let Some(_guard) = root_guard(test) else { return };
+    if !peer_tool(test, "python3") {
+        return;
+    }
+    // 1 MiB holds libc's table (about 330 KiB) but not python3's as well (about 760 KiB).
+    let dir = traced(&["--unwind-memory", "1", "--", "python3", "-c", "sum(range(10**7))"]);
+    let report = read_report(dir.path());
+    let limitations = report["limitations"].as_array().unwrap();
+    let line = limitations.iter().filter_map(|l| l.as_str()).find(|l| l.contains("did not fit"));
+    assert!(
+        line.is_some_and(
+            |l| l.starts_with("user stacks walked by frame pointers in /") && l.contains("--unwind-memory")
+        ),
+        "{limitations:#?}"
+    );
+    let unwind = &report["run"]["unwind"];
+    assert!(unwind["bytes"].as_u64().unwrap() <= unwind["capacity_bytes"].as_u64().unwrap(), "{unwind}");
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(markdown.contains("left to frame pointers (see Limitations)"), "{markdown}");
+}

@@ -175,6 +175,11 @@ pub(crate) fn analyze(
             size.saturating_mul(4).next_power_of_two()
         ));
     }
+    if let Some(unwind) = &run.unwind {
+        limitations.extend(
+            unwind.without_table.iter().map(|line| format!("user stacks walked by frame pointers in {line}")),
+        );
+    }
     if lost.total() > 0 {
         limitations.push(format!(
             "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",

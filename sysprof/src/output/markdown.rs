@@ -89,10 +89,7 @@ fn user_stacks(unwind: Option<&crate::unwind::UnwindSummary>) -> String {
         crate::report::format::bytes(unwind.capacity_bytes),
     );
     if !unwind.without_table.is_empty() {
-        text.push_str(&format!(
-            "; {} walked by frame pointers (see Limitations)",
-            unwind.without_table.len()
-        ));
+        text.push_str(&format!("; {} left to frame pointers (see Limitations)", unwind.without_table.len()));
     }
     text
 }

@@ -84,6 +84,8 @@ pub struct Unwinder {
     summary: UnwindSummary,
     /// Processes left to frame pointers because `PROCESS_MAPPINGS` was full.
     processes_full: usize,
+    /// Processes with more executable mappings than an entry holds.
+    crowded: std::collections::BTreeSet<u32>,
     sysprof_pid: u32,
 }
 
@@ -118,6 +120,7 @@ impl Unwinder {
                 ..UnwindSummary::default()
             },
             processes_full: 0,
+            crowded: Default::default(),
             sysprof_pid: std::process::id(),
         }
     }
@@ -156,9 +159,12 @@ impl Unwinder {
         files.extend(interpreter(program));
         files.extend(crate::uprobes::needed::needed_libraries(program));
         for file in files {
-            // Named as the process's maps will name it.
+            // Named as the process's maps will name it; a script is no code of its own (its
+            // interpreter is what will be mapped).
             let Ok(open) = std::fs::canonicalize(&file) else { continue };
-            self.ask(open);
+            if is_elf(&open) {
+                self.ask(open);
+            }
         }
         self.ask(PathBuf::from(cache::VDSO));
     }
@@ -219,6 +225,9 @@ impl Unwinder {
                 continue;
             }
             let Some(maps) = &record.maps else { continue };
+            if maps.mappings().len() > MAPPINGS_PER_PROCESS {
+                self.crowded.insert(pid);
+            }
             let entry = entry_for(&mut self.files, self.requests.as_ref(), maps.mappings());
             let signature = signature(&entry);
             if self.written.get(&pid) == Some(&signature) {
@@ -244,9 +253,16 @@ impl Unwinder {
         }
         if self.processes_full > 0 {
             self.summary.without_table.push(format!(
-                "{} processes beyond the {} that the kernel's table holds: walked by frame pointers",
+                "{} processes beyond the {} that the kernel's table holds",
                 self.processes_full,
                 shared::PROCESSES
+            ));
+        }
+        if !self.crowded.is_empty() {
+            self.summary.without_table.push(format!(
+                "the executable mappings past the first {MAPPINGS_PER_PROCESS} of {} process{} (by address)",
+                self.crowded.len(),
+                if self.crowded.len() == 1 { "" } else { "es" }
             ));
         }
         self.summary
@@ -296,9 +312,8 @@ impl Unwinder {
         let chunks = rows.len().div_ceil(ROWS_PER_CHUNK) as u32;
         if self.next_chunk + chunks > self.capacity_chunks {
             return Err(format!(
-                "its table ({} rows, {}) did not fit in what is left of --unwind-memory: walked by frame \
-                 pointers",
-                rows.len(),
+                "its table ({} rows, {}) did not fit in what is left of --unwind-memory (raise it)",
+                crate::report::format::thousands(rows.len() as u64),
                 crate::report::format::bytes(size_of_val(rows) as u64)
             ));
         }
@@ -353,6 +368,13 @@ fn entry_for(
     }
     entry.count = mappings.len().min(MAPPINGS_PER_PROCESS) as u32;
     entry
+}
+
+/// Whether `path` starts as an ELF file does.
+fn is_elf(path: &std::path::Path) -> bool {
+    use std::io::Read as _;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut file| file.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
 }
 
 /// The dynamic loader a program names (PT_INTERP), if it is an ELF file that names one.
