@@ -84,8 +84,6 @@ pub struct Unwinder {
     summary: UnwindSummary,
     /// Processes left to frame pointers because `PROCESS_MAPPINGS` was full.
     processes_full: usize,
-    /// sysprof's own executable, as processes' maps name it.
-    own_exe: Option<PathBuf>,
     /// Processes with more executable mappings than an entry holds.
     crowded: std::collections::BTreeSet<u32>,
     sysprof_pid: u32,
@@ -123,7 +121,6 @@ impl Unwinder {
             },
             processes_full: 0,
             crowded: Default::default(),
-            own_exe: std::env::current_exe().ok().and_then(|exe| std::fs::canonicalize(exe).ok()),
             sysprof_pid: std::process::id(),
         }
     }
@@ -228,16 +225,6 @@ impl Unwinder {
                 continue;
             }
             let Some(maps) = &record.maps else { continue };
-            // A fork of sysprof's own (a command at its gate, before its exec): its maps are
-            // sysprof's, and an entry written from them could land after the exec cleared the
-            // old one (the exec event may not be read yet), walking the new program with them.
-            if self.own_exe.as_ref().is_some_and(|own| {
-                maps.mappings()
-                    .iter()
-                    .any(|m| matches!(&m.backing, Backing::File { path, .. } if path == own))
-            }) {
-                continue;
-            }
             if maps.mappings().len() > MAPPINGS_PER_PROCESS {
                 self.crowded.insert(pid);
             }
