@@ -1,7 +1,6 @@
 //! Names for probed calls: the call site (the caller, read from the return address at the
 //! call, or else the first frame of the program's own code on the stack, past the CUDA, NCCL and
-//! C libraries, or else the library code that made the call) and the kernels behind launches
-//! (their host stub symbols).
+//! C libraries) and the kernels behind launches (their host stub symbols).
 
 use std::collections::HashMap;
 
@@ -118,15 +117,6 @@ pub fn own_frame(frames: &[Frame]) -> Option<&Frame> {
     frames.iter().rev().find(|f| !is_mechanism(f))
 }
 
-/// With none of the program's own code on a stack (outermost first; a library's start-up, the
-/// dynamic loader's): the frame that called into the leaf's library, so that a call site names
-/// the library code that made the call, not the called function.
-pub fn library_caller(frames: &[Frame]) -> Option<&Frame> {
-    let user: Vec<&Frame> = frames.iter().filter(|f| !f.is_kernel()).collect();
-    let leaf = user.last()?;
-    user.iter().rev().find(|f| f.module != leaf.module).copied()
-}
-
 /// A frame as a call site: `function (module)`.
 pub fn describe(frame: &Frame) -> String {
     format!("{} ({})", frame.function, frame.module)
@@ -134,24 +124,16 @@ pub fn describe(frame: &Frame) -> String {
 
 impl Names for CallNames {
     fn call_site(&self, tgid: u32, user_stack_id: i32, caller: u64) -> String {
-        let caller = caller.checked_sub(1).and_then(|addr| self.symbols.get(&(tgid, addr)));
-        if let Some(frame) = caller
+        if let Some(frame) = caller.checked_sub(1).and_then(|addr| self.symbols.get(&(tgid, addr)))
             && !is_mechanism(frame)
         {
             return describe(frame);
         }
-        let frames = match user_stack_id {
-            id if id < 0 => Vec::new(),
-            id => self.stacks.frames(&sample(tgid, id)),
-        };
-        // With none of the program's code on the stack (a library's own start-up, the dynamic
-        // loader), the call came from the library that made it: its caller names it, not the
-        // called function itself.
-        own_frame(&frames)
-            .or(caller)
-            .or_else(|| frames.last())
-            .map(describe)
-            .unwrap_or_else(|| "[no user stack]".into())
+        if user_stack_id < 0 {
+            return "[no user stack]".into();
+        }
+        let frames = self.stacks.frames(&sample(tgid, user_stack_id));
+        own_frame(&frames).or_else(|| frames.last()).map(describe).unwrap_or_else(|| "[no user stack]".into())
     }
 
     fn symbol(&self, tgid: u32, address: u64) -> String {

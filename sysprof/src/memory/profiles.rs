@@ -176,7 +176,6 @@ pub fn heap_profile(
     for sample in &samples {
         let frames = resolved.frames(sample);
         let site = callsites::own_frame(&frames)
-            .or_else(|| callsites::library_caller(&frames))
             .or(frames.last())
             .map(callsites::describe)
             .unwrap_or_else(|| "[no user stack]".into());
