@@ -4,7 +4,7 @@
 //! each is `#[repr(C)]` with explicit integer fields and no hidden padding: both sides must agree
 //! on every byte. Map names live here too, so the loader looks maps up by the same names the BPF
 //! side declares them with. One module per probe family, as in the BPF crate (`cpu`, `sched`,
-//! `signals` (with its own map names), `syscalls`, `memory`, `calls`, `process`, `unwind`, and `histogram` which several share), each type with
+//! `signals` (with its own map names), `syscalls`, `memory`, `calls`, `process`, `unwind`, `python`, and `histogram` which several share), each type with
 //! its size check and `Pod` impl beside it (`shared!`); everything is re-exported here.
 #![no_std]
 
@@ -26,6 +26,7 @@ mod cpu;
 pub mod histogram;
 mod memory;
 mod process;
+pub mod python;
 mod sched;
 pub mod signals;
 mod syscalls;
@@ -216,8 +217,12 @@ pub struct Config {
     /// This architecture's numbers of exit and exit_group, which never return: counted at entry.
     pub nr_exit: u32,
     pub nr_exit_group: u32,
+    /// Offset of `thread.fsbase` in `task_struct` (x86_64), from BTF: where the Python
+    /// walker finds `pthread_self()` of 3.10's threads. 0 when unknown.
+    pub task_fsbase_offset: u32,
+    pub _pad: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 12 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 14 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {

@@ -13,6 +13,9 @@ pub mod process_event {
     /// A target process mapped executable memory (mmap with PROT_EXEC succeeded): a library
     /// loaded, whose symbols and unwind table userspace reads now.
     pub const MAPPED: u32 = 4;
+    /// The unwinder stored a new stack with Python frames for a target process: userspace
+    /// reads their code objects now, while the process (and they) still exist.
+    pub const PYTHON_STACK: u32 = 5;
 }
 
 /// Life-cycle event of a target process: rare, so shipped through a ring buffer, which lets
@@ -26,8 +29,9 @@ pub struct ProcessEvent {
     pub pid: u32,
     /// For [`process_event::FORK`], the parent; otherwise 0.
     pub parent_pid: u32,
-    /// For [`process_event::EXIT`], the exit code as `wait` reports it; otherwise 0.
-    pub exit_code: u32,
+    /// For [`process_event::EXIT`], the exit code as `wait` reports it; for
+    /// [`process_event::PYTHON_STACK`], the stack's id; otherwise 0.
+    pub detail: u32,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at the event.
     pub time_ns: u64,
     /// Process name after the event.

@@ -24,6 +24,7 @@ mod maps;
 mod memory;
 mod nesting;
 mod process;
+mod python;
 mod sched;
 mod signals;
 mod syscalls;

@@ -108,8 +108,15 @@ pub fn executable_mapped(tgid: u32) {
     emit(process_event::MAPPED, tgid, 0, 0);
 }
 
+/// Tells userspace that the unwinder stored a new stack with Python frames (see
+/// `process_event::PYTHON_STACK`).
 #[inline(always)]
-fn emit(kind: u32, pid: u32, parent_pid: u32, exit_code: u32) {
+pub fn python_stack(tgid: u32, stack_id: u32) {
+    emit(process_event::PYTHON_STACK, tgid, 0, stack_id);
+}
+
+#[inline(always)]
+fn emit(kind: u32, pid: u32, parent_pid: u32, detail: u32) {
     let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessEvent>(0) else {
         counters::add(Counter::ProcessEventsLost, 1);
         return;
@@ -118,7 +125,7 @@ fn emit(kind: u32, pid: u32, parent_pid: u32, exit_code: u32) {
         kind,
         pid,
         parent_pid,
-        exit_code,
+        detail,
         // SAFETY: plain helper call.
         time_ns: unsafe { bpf_ktime_get_ns() },
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),

@@ -50,6 +50,8 @@ struct Scratch {
     bp: u64,
     hash: u64,
     frames: u64,
+    /// Where the native frames start: after the Python frames (see `crate::python`).
+    first_native: u64,
     /// The binary search in progress: the answer is the last entry at or below `target`, in
     /// [low, high).
     low: u64,
@@ -93,11 +95,17 @@ fn walk_current() -> Option<i32> {
     let mappings = PROCESS_MAPPINGS.get_ptr(tgid)?;
     let Some(regs) = user_registers() else { return Some(stack::NONE) };
     let scratch = SCRATCH.get_ptr_mut(0)?;
+    let (mut python, mut new_code) = (0, false);
     {
         // SAFETY: a per-CPU map value, used by this CPU's program alone.
         let scratch = unsafe { &mut *scratch };
         (scratch.pc, scratch.sp, scratch.bp) = (regs.ip, regs.sp, regs.bp);
-        (scratch.hash, scratch.frames) = (FNV_OFFSET, 0);
+        scratch.hash = FNV_OFFSET;
+        if let Some(process) = crate::python::process() {
+            (python, new_code) =
+                crate::python::walk(process, &raw mut scratch.stack.frames, &mut scratch.hash);
+        }
+        (scratch.frames, scratch.first_native) = (python, python);
     }
     let mut walk = Walk { mappings, scratch };
     // SAFETY: `step` has the signature bpf_loop calls, and `walk` outlives the call.
@@ -116,7 +124,12 @@ fn walk_current() -> Option<i32> {
     }
     scratch.stack.len = scratch.frames as u32;
     scratch.stack.hash = scratch.hash;
-    Some(store(&scratch.stack))
+    let id = store(&scratch.stack);
+    if new_code && id >= 0 {
+        // Its code objects are named while the process still has them.
+        crate::process::python_stack(tgid, id as u32);
+    }
+    Some(id)
 }
 
 /// Drops a process's mappings (it exec'd or exited): its stacks are taken by frame pointers
@@ -124,6 +137,7 @@ fn walk_current() -> Option<i32> {
 #[inline(always)]
 pub fn forget(tgid: u32) {
     let _ = PROCESS_MAPPINGS.remove(tgid);
+    crate::python::forget(tgid);
 }
 
 /// The stack's id in `UNWOUND_STACKS`: from its hash, or from the hash's other half when the
@@ -202,7 +216,7 @@ unsafe extern "C" fn step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
         let walk = &*context.cast::<Walk>();
         (&*walk.mappings, &mut *walk.scratch)
     };
-    let leaf = walk.frames == 0;
+    let leaf = walk.frames == walk.first_native;
     let pc = walk.pc;
     // A return address points after its call, which may be the function's last instruction.
     let lookup = if leaf { pc } else { pc.wrapping_sub(1) };

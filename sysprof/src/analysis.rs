@@ -179,6 +179,7 @@ pub(crate) fn analyze(
         limitations.extend(
             unwind.without_table.iter().map(|line| format!("user stacks walked by frame pointers in {line}")),
         );
+        limitations.extend(unwind.python.limitations());
     }
     if lost.total() > 0 {
         limitations.push(format!(

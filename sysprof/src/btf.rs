@@ -21,6 +21,9 @@ pub fn vmlinux_btf_path() -> PathBuf {
 pub struct TaskOffsets {
     pub pid: u32,
     pub tgid: u32,
+    /// `thread.fsbase` (x86_64): 3.10's Python threads are known by it. 0 where the kernel
+    /// has no such field.
+    pub fsbase: u32,
 }
 
 impl TaskOffsets {
@@ -32,6 +35,9 @@ impl TaskOffsets {
         Ok(TaskOffsets {
             pid: member_offset(&btf, "task_struct", "pid")?,
             tgid: member_offset(&btf, "task_struct", "tgid")?,
+            fsbase: member_offset(&btf, "task_struct", "thread")
+                .and_then(|thread| Ok(thread + member_offset(&btf, "thread_struct", "fsbase")?))
+                .unwrap_or(0),
         })
     }
 }

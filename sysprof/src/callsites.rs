@@ -112,18 +112,29 @@ fn sample(tgid: u32, user_stack_id: i32) -> StackSample {
 }
 
 /// The innermost frame of the program's own code in a stack (outermost first): where it called
-/// into the libraries.
+/// into the libraries. In a Python program that is its innermost Python line, above the C
+/// extensions and the FFI between it and the library.
 pub fn own_frame(frames: &[Frame]) -> Option<&Frame> {
-    frames.iter().rev().find(|f| !is_mechanism(f))
+    frames.iter().rev().find(|f| f.is_python()).or_else(|| frames.iter().rev().find(|f| !is_mechanism(f)))
 }
 
-/// A frame as a call site: `function (module)`.
+/// A frame as a call site: `function (module)`, or a Python frame's `function (file:line)`.
 pub fn describe(frame: &Frame) -> String {
+    if frame.is_python() {
+        return frame.function.clone();
+    }
     format!("{} ({})", frame.function, frame.module)
 }
 
 impl Names for CallNames {
     fn call_site(&self, tgid: u32, user_stack_id: i32, caller: u64) -> String {
+        // A Python program's call is named at its Python line, whatever C code the caller is.
+        if user_stack_id >= 0
+            && let Some(frame) =
+                self.stacks.user_frames(&sample(tgid, user_stack_id)).iter().rev().find(|f| f.is_python())
+        {
+            return describe(frame);
+        }
         if let Some(frame) = caller.checked_sub(1).and_then(|addr| self.symbols.get(&(tgid, addr)))
             && !is_mechanism(frame)
         {

@@ -46,6 +46,7 @@ pub(crate) mod procmaps;
 pub(crate) mod procs;
 pub(crate) mod profile;
 pub(crate) mod push;
+pub mod python;
 pub(crate) mod readout;
 pub(crate) mod recording;
 pub mod report;

@@ -47,6 +47,12 @@ pub struct ProcessRecord {
     pub start_ticks: Option<u64>,
     /// Its memory over the run (when memory is traced).
     pub memory: Series,
+    /// The code objects of its Python frames, when it runs CPython (see `crate::python`).
+    #[serde(default)]
+    pub python: Option<crate::python::ProcessCode>,
+    /// How many times it exec'd during the trace.
+    #[serde(skip)]
+    pub execs: u32,
     /// When its maps were last read, and how many early rescans it has had.
     #[serde(skip)]
     last_scan: Option<Instant>,
@@ -68,6 +74,9 @@ pub struct ProcessTable {
     memory: Option<Schedule>,
     /// Built from a saved read-out: nothing is read from /proc.
     replayed: bool,
+    /// New stacks with Python frames the kernel reported, (pid, stack id), for the Python
+    /// stage to read the code objects of.
+    python_stacks: Vec<(u32, u32)>,
 }
 
 impl Default for ProcessTable {
@@ -78,6 +87,7 @@ impl Default for ProcessTable {
             maps_version: 0,
             memory: None,
             replayed: false,
+            python_stacks: Vec::new(),
         }
     }
 }
@@ -168,9 +178,12 @@ impl ProcessTable {
                 record.name = comm;
                 record.started_during_trace = true;
                 record.maps = None;
+                record.python = None;
+                record.execs += 1;
                 record.early_scans = 0;
                 self.maps_version += u64::from(scan(event.pid, record, now));
             }
+            process_event::PYTHON_STACK => self.python_stacks.push((event.pid, event.detail)),
             process_event::MAPPED => {
                 // A library loaded: read the maps now, or as soon as the last read is
                 // MAPPED_RESCAN old (a JIT maps code often).
@@ -269,6 +282,22 @@ impl ProcessTable {
         self.processes.get(&pid)
     }
 
+    /// The new Python stacks reported since the last call.
+    pub fn take_python_stacks(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.python_stacks)
+    }
+
+    /// Records that a process runs CPython, with the code objects read so far.
+    pub fn set_python(&mut self, pid: u32, code: crate::python::ProcessCode) {
+        if let Some(record) = self.processes.get_mut(&pid) {
+            record.python = Some(code);
+        }
+    }
+
+    pub fn python_mut(&mut self, pid: u32) -> Option<&mut crate::python::ProcessCode> {
+        self.processes.get_mut(&pid)?.python.as_mut()
+    }
+
     /// Processes that have not exited.
     pub fn live_pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.processes.iter().filter(|(_, p)| !p.exited).map(|(pid, _)| *pid)
@@ -344,7 +373,7 @@ mod tests {
     fn event(kind: u32, pid: u32, parent_pid: u32, comm: &str) -> ProcessEvent {
         let mut name = [0u8; 16];
         name[..comm.len()].copy_from_slice(comm.as_bytes());
-        ProcessEvent { kind, pid, parent_pid, exit_code: 0, time_ns: 0, comm: name }
+        ProcessEvent { kind, pid, parent_pid, detail: 0, time_ns: 0, comm: name }
     }
 
     #[test]

@@ -110,15 +110,17 @@ impl ResolvedStacks {
         let mut user = HashMap::new();
         for (pid, ids) in user_ids {
             let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+            let python_code = processes.get(pid).and_then(|p| p.python.as_ref());
             let addrs: BTreeSet<u64> = ids
                 .iter()
                 .filter_map(|id| stacks.get(id))
-                .flat_map(|ips| lookup_addresses(walked_part(ips, maps)))
+                .flat_map(|ips| lookup_addresses(walked_part(split_python(ips).1, maps)))
                 .collect();
             let frames = symbolizer.user(pid, maps, &addrs.into_iter().collect::<Vec<_>>());
             for id in ids {
                 let Some(ips) = stacks.get(&id) else { continue };
-                let walked = walked_part(ips, maps);
+                let (python, native) = split_python(ips);
+                let walked = walked_part(native, maps);
                 let addrs: Vec<u64> = lookup_addresses(walked).collect();
                 let mut resolved: Vec<Frame> =
                     addrs.iter().rev().flat_map(|addr| frames[addr].iter().cloned()).collect();
@@ -129,7 +131,7 @@ impl ResolvedStacks {
                     resolved.truncate(leaf);
                     resolved.push(marker(UNMAPPED_CODE));
                 }
-                user.insert((pid, id), resolved);
+                user.insert((pid, id), crate::python::merge(resolved, python, python_code, id));
             }
         }
         ResolvedStacks { kernel, user }
@@ -326,6 +328,11 @@ fn walked_part<'a>(ips: &'a [u64], maps: Option<&ProcessMaps>) -> &'a [u64] {
     let Some(maps) = maps else { return ips };
     let code = ips.iter().skip(1).take_while(|&&ip| maps.find(ip.saturating_sub(1)).is_some()).count();
     &ips[..ips.len().min(1 + code)]
+}
+
+/// A walked stack's Python frames (recorded first) and its native ones.
+fn split_python(ips: &[u64]) -> (&[u64], &[u64]) {
+    ips.split_at(ips.iter().take_while(|&&ip| crate::python::is_python_frame(ip)).count())
 }
 
 /// The addresses to symbolize for a stack, innermost first. Every frame but the innermost holds

@@ -45,6 +45,15 @@ impl Frame {
     pub fn is_kernel(&self) -> bool {
         self.module == Self::KERNEL_MODULE
     }
+
+    /// A Python function's frame (see `crate::python::merge`): its module is a Python file
+    /// (`train.py`, `<frozen importlib._bootstrap>`), never an ELF file's name.
+    pub fn is_python(&self) -> bool {
+        self.module.ends_with(".py") || self.module.starts_with('<') || self.module == Self::PYTHON_UNKNOWN
+    }
+
+    /// The module of a Python frame whose code object could not be read.
+    pub const PYTHON_UNKNOWN: &'static str = "[python]";
 }
 
 /// Frames for one address: the function, then the functions inlined into it at that address,

@@ -158,6 +158,8 @@ fn kernel_config(
         self_tgid: std::process::id(),
         nr_exit: u32::MAX,
         nr_exit_group: u32::MAX,
+        task_fsbase_offset: offsets.fsbase,
+        _pad: 0,
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
@@ -202,7 +204,7 @@ async fn run(
     // The running targets' tables first: cached ones are written before the trace starts.
     let mut unwinder = (sizes.unwind_chunks > 0).then(|| Unwinder::new(sizes.unwind_chunks));
     if let Some(unwinder) = &mut unwinder {
-        unwinder.settle(&mut probes, &processes, UNWIND_SETTLE);
+        unwinder.settle(&mut probes, &mut processes, UNWIND_SETTLE);
     }
     let mut tracers = UprobeTracers {
         gpu: on.gpu.then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
@@ -300,7 +302,7 @@ async fn run(
             // The command's tables (asked for at its spawn) are in before it runs: cached ones
             // take milliseconds.
             if let Some(unwinder) = &mut unwinder {
-                unwinder.settle(&mut probes, &processes, UNWIND_SETTLE);
+                unwinder.settle(&mut probes, &mut processes, UNWIND_SETTLE);
             }
             processes.observe_existing(gated.pid());
             stop.launched(&[gated.pid()]);

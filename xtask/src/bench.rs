@@ -49,6 +49,9 @@ enum Bench {
     /// sample; the unwind tables of libc, python and libnccl (size, build and cached read
     /// time); start to attached for a running Python process
     Unwind,
+    /// A CPU-bound pure-Python script (tests/workloads/python_app.py bench): slowdown at 99 and
+    /// 999 Hz with sysprof (Python frames and native ones) and with py-spy at the same rate
+    Python,
     /// All of the above
     All,
 }
@@ -114,6 +117,9 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     if all || args.bench == Bench::Unwind {
         runner.unwind()?;
+    }
+    if all || args.bench == Bench::Python {
+        runner.python()?;
     }
     Ok(())
 }
@@ -376,6 +382,46 @@ impl Runner<'_> {
         Ok(())
     }
 
+    fn python(&self) -> anyhow::Result<()> {
+        let python = python_interpreter().context("no python3.12 or python3 to run the workload")?;
+        let script = self.root.join("tests/workloads/python_app.py");
+        let workload = vec![python.clone(), script.display().to_string(), "bench".into(), "10000000".into()];
+        let py_spy = tool_works("py-spy", &["--version"]);
+        if !py_spy {
+            eprintln!("bench: py-spy is not installed (python3 -m pip install py-spy): no py-spy comparison");
+        }
+        let mut configs = vec![Config { name: "bare".into(), argv: workload.clone() }];
+        for hz in ["99", "999"] {
+            configs.push(self.sysprof_config(
+                &format!("sysprof {hz} Hz"),
+                &["--focus", "cpu", "-F", hz],
+                &workload,
+            ));
+            if py_spy {
+                let raw = self.out.join(format!("py-spy-{hz}.txt")).display().to_string();
+                let mut argv: Vec<String> =
+                    ["py-spy", "record", "-r", hz, "-f", "raw", "-o", &raw, "--"].map(String::from).into();
+                argv.extend(workload.iter().cloned());
+                configs.push(Config { name: format!("py-spy {hz} Hz"), argv });
+            }
+        }
+        println!("\npython: {python} pure-Python calls and arithmetic, {} rounds, medians", self.runs);
+        let measured = measure(&configs, self.runs, "elapsed_ns")?;
+        print_table(&measured, "workload", |m| format!("{:.3} s", m / 1e9));
+        let bare = measured[0].metric;
+        for hz in ["99", "999"] {
+            let ratio = |name: &str| find(&measured, name).map(|m| m / bare);
+            let ours = format!("sysprof {hz} Hz");
+            println!(
+                "{hz} Hz: sysprof {}x no tracing, {} ns per sample; py-spy {}x",
+                show(ratio(&ours)),
+                show(sample_cost_ns(&self.out.join(ours.replace([' ', '-'], "_")))),
+                show(ratio(&format!("py-spy {hz} Hz"))),
+            );
+        }
+        Ok(())
+    }
+
     fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {
         let results = self.out.join(name.replace([' ', '-'], "_")).display().to_string();
         let mut argv =
@@ -410,6 +456,21 @@ impl Runner<'_> {
             ],
         }))
     }
+}
+
+/// The Python the Python bench runs: pyenv's 3.12 when it is there (the version most users
+/// run), else python3.
+fn python_interpreter() -> Option<String> {
+    let root = Command::new("pyenv").arg("root").output().ok().filter(|out| out.status.success());
+    let pyenv = root.map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("versions"));
+    let pinned =
+        pyenv.and_then(|versions| std::fs::read_dir(versions).ok()).into_iter().flatten().flatten().find_map(
+            |entry| {
+                let python = entry.path().join("bin/python3.12");
+                python.is_file().then(|| python.display().to_string())
+            },
+        );
+    pinned.or_else(|| tool_works("python3", &["--version"]).then(|| "python3".into()))
 }
 
 /// The libc this process uses, from its memory map: the one the workloads use too.

@@ -19,6 +19,12 @@ pub struct Hotspot {
     pub total_share: f64,
 }
 
+impl Hotspot {
+    pub fn frame(&self) -> Frame {
+        Frame { function: self.function.clone(), module: self.module.clone() }
+    }
+}
+
 /// One process's share of a stack profile.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ProcessShare {

@@ -84,7 +84,7 @@ pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recomm
         let seconds = own_s / parallelism * SPEEDUP_WIN;
         recommendations.push(Recommendation::new(
             seconds,
-            format!("Optimize {} ({})", hotspot.function, hotspot.module),
+            format!("Optimize {}", crate::callsites::describe(&hotspot.frame())),
             format!(
                 "{} of the target's on-CPU samples are in its own code ({} of {}, {own_s:.2} s of CPU); {} \
                  pass through it; twice as fast, it would win back ~{seconds:.2} s",
@@ -115,7 +115,7 @@ pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recomm
         limitations.push(format!(
             "{} of the target's on-CPU samples have frames sysprof could not name: install debug symbols for \
              the modules in the [unknown] frames, keep symbols in the binaries (no strip), and run JITs with \
-             their perf map on (python -X perf, node --perf-basic-prof)",
+             their perf map on (node --perf-basic-prof; Python needs nothing)",
             percent(unknown)
         ));
     }

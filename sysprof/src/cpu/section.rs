@@ -47,13 +47,15 @@ impl CpuSection {
 /// The section, its recommendations and (when the CPUs were sampled) the profile's files.
 pub(crate) fn analyze(samples: &CpuSamples, sampled: bool, cx: &mut Analysis<'_>) -> CpuSection {
     let profile = profile::cpu_profile(samples, cx.processes, cx.symbolizer);
-    let hotspots = hotspots(&profile, HOTSPOTS);
+    // Python functions, not the interpreter's internals, are what a Python program can change.
+    let functions = crate::python::by_function(&profile);
+    let hotspots = hotspots(&functions, HOTSPOTS);
     let facts = CpuFacts {
         frequency_hz: cx.props.frequency_hz,
         wall_s: cx.wall_s(),
         syscalls_traced: cx.props.families.syscalls,
     };
-    let busy = busy(&profile);
+    let busy = busy(&functions);
     let (recommendations, limitations) = cpu_recommendations(&busy, &facts);
     cx.recommendations.extend(recommendations);
     cx.limitations.extend(limitations);

@@ -70,8 +70,11 @@ fn run_summary(out: &mut String, report: &Report) {
         ],
         vec!["Lost".into(), lost(&run.lost)],
         vec!["User stacks".into(), user_stacks(run.unwind.as_ref())],
-        vec!["Files".into(), run.outputs.join(", ")],
     ]);
+    if let Some(python) = run.unwind.as_ref().map(|unwind| &unwind.python).filter(|python| python.any()) {
+        rows.push(vec!["Python frames".into(), python_frames(python)]);
+    }
+    rows.push(vec!["Files".into(), run.outputs.join(", ")]);
     table(out, &["", ""], &rows);
 }
 
@@ -92,6 +95,23 @@ fn user_stacks(unwind: Option<&crate::unwind::UnwindSummary>) -> String {
         text.push_str(&format!("; {} left to frame pointers (see Limitations)", unwind.without_table.len()));
     }
     text
+}
+
+/// Which CPython processes had their Python frames walked.
+fn python_frames(python: &crate::python::PythonSummary) -> String {
+    if python.processes.is_empty() {
+        return "none walked (see Limitations)".into();
+    }
+    let versions: Vec<String> = python
+        .processes
+        .iter()
+        .map(|(version, n)| format!("CPython {version} in {n} process{}", if *n == 1 { "" } else { "es" }))
+        .collect();
+    format!(
+        "walked in the kernel at every stack: {}; {} code objects read",
+        versions.join(", "),
+        thousands(python.code_objects as u64)
+    )
 }
 
 /// "none", or each kind of event lost with its count.

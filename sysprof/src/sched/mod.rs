@@ -107,13 +107,22 @@ pub struct OffCpuStack {
 /// Waits that hold a thread up (the time is lost to the target), as opposed to waits for work
 /// (a sleep, an event loop's epoll_wait, a condition variable, a join): those are idle, never a
 /// bottleneck.
-pub const HELD_UP: [&str; 5] = [
+pub const HELD_UP: [&str; 6] = [
     "preempted",
     "lock contention",
+    GIL_WAIT,
     "page fault read from disk",
     "disk/uninterruptible I/O",
     "pipe/socket I/O",
 ];
+
+/// A Python thread blocked until the interpreter lock is free: another thread runs Python.
+pub const GIL_WAIT: &str = "waiting for the GIL";
+
+/// CPython's functions that block for the GIL: `take_gil` (static, named where the interpreter
+/// has a symbol table) and the exported ones that call it.
+const GIL_TAKERS: [&str; 4] =
+    ["take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "PyGILState_Ensure"];
 
 /// Why a thread was off CPU, from its state at the switch (`sched_switch` prev_state), its
 /// kernel frames and the innermost of its user frames (the one that made the call, exact even
@@ -135,14 +144,23 @@ pub fn offcpu_reason(state: u32, kernel: &[Frame], user: &[Frame]) -> &'static s
         // __lll_lock_wait, pthread_mutex_lock, Rust's lock_contended, rwlocks); otherwise it is a
         // condition variable, a join or a semaphore: waiting for another thread or for work.
         let caller = user.last().map(|f| f.function.to_ascii_lowercase()).unwrap_or_default();
-        if caller.contains("lock") && !caller.contains("unlock") {
+        // Only the C code under the innermost Python frame: the wait is its own.
+        let native_leaf = user.iter().rev().take_while(|f| !f.is_python());
+        if native_leaf.into_iter().any(|f| GIL_TAKERS.contains(&f.function.as_str())) {
+            GIL_WAIT
+        } else if caller.contains("lock") && !caller.contains("unlock") {
             "lock contention"
         } else {
             "futex wait (condition, join, semaphore)"
         }
     } else if any(&["ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "core_sys_select"]) {
         // Before the sleeps: a select or poll with a timeout sleeps in poll_schedule_timeout.
-        "poll/epoll wait"
+        // CPython 3.10's time.sleep is a select() with no descriptors.
+        if user.iter().rev().take_while(|f| !f.is_python()).any(|f| f.function == "time_sleep") {
+            "sleep"
+        } else {
+            "poll/epoll wait"
+        }
     } else if any(&["nanosleep", "hrtimer_sleep", "do_nanosleep", "schedule_timeout"])
         && state & UNINTERRUPTIBLE == 0
     {
@@ -372,6 +390,16 @@ mod tests {
         );
         let caller = [Frame { function: "__GI___lll_lock_wait".into(), module: "libc.so.6".into() }];
         assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait"]), &caller), "lock contention");
+        let gil = [
+            Frame { function: "worker (app.py:3)".into(), module: "app.py".into() },
+            Frame { function: "PyEval_RestoreThread".into(), module: "python3.12".into() },
+            Frame { function: "take_gil".into(), module: "python3.12".into() },
+            Frame { function: "pthread_cond_timedwait".into(), module: "libc.so.6".into() },
+        ];
+        assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait"]), &gil), GIL_WAIT);
+        // A GIL taken further out, around a Python frame, is not this wait's.
+        let lock = [gil[1].clone(), gil[0].clone(), caller[0].clone()];
+        assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait"]), &lock), "lock contention");
         assert_eq!(offcpu_reason(0x402, &kernel(&["kthread", "schedule"]), &[]), "idle (waiting for work)");
         assert_eq!(
             offcpu_reason(1, &kernel(&["__x64_sys_clock_nanosleep", "do_nanosleep", "schedule"]), &[]),

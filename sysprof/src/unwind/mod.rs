@@ -49,6 +49,9 @@ pub struct UnwindSummary {
     pub processes: usize,
     /// Files walked by frame pointers instead, each with why.
     pub without_table: Vec<String>,
+    /// The Python frames in those stacks.
+    #[serde(default)]
+    pub python: crate::python::PythonSummary,
 }
 
 /// A file's table, once known.
@@ -84,9 +87,13 @@ pub struct Unwinder {
     summary: UnwindSummary,
     /// Processes left to frame pointers because `PROCESS_MAPPINGS` was full.
     processes_full: usize,
+    /// sysprof's own executable, as processes' maps name it.
+    own_exe: Option<PathBuf>,
     /// Processes with more executable mappings than an entry holds.
     crowded: std::collections::BTreeSet<u32>,
     sysprof_pid: u32,
+    /// Python frames, walked with the native ones.
+    python: crate::python::Python,
 }
 
 impl Unwinder {
@@ -121,7 +128,9 @@ impl Unwinder {
             },
             processes_full: 0,
             crowded: Default::default(),
+            own_exe: std::env::current_exe().ok().and_then(|exe| std::fs::canonicalize(exe).ok()),
             sysprof_pid: std::process::id(),
+            python: crate::python::Python::new(),
         }
     }
 
@@ -133,7 +142,13 @@ impl Unwinder {
     /// Installs the tables that are ready, asks for those of files mapped since the last call,
     /// and rewrites the entries of the processes whose mappings or tables changed. Cheap when
     /// nothing did: called on every tick of the collect loop.
-    pub fn sync(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+    pub fn sync(&mut self, probes: &mut Probes, processes: &mut ProcessTable) {
+        self.sync_native(probes, processes);
+        // After the native entries: those are what a new program's first samples need.
+        self.python.sync(probes, processes);
+    }
+
+    fn sync_native(&mut self, probes: &mut Probes, processes: &ProcessTable) {
         let mut changed = self.install_ready(probes);
         if processes.maps_version() != self.seen_maps {
             self.seen_maps = processes.maps_version();
@@ -180,12 +195,13 @@ impl Unwinder {
 
     /// Waits up to `limit` for the tables asked so far, installing them as they come: a trace
     /// of running processes starts with their stacks whole when the tables are cached.
-    pub fn settle(&mut self, probes: &mut Probes, processes: &ProcessTable, limit: Duration) {
+    pub fn settle(&mut self, probes: &mut Probes, processes: &mut ProcessTable, limit: Duration) {
         let deadline = Instant::now() + limit;
         self.write_entries(probes, processes);
         if self.wait_for_tables(probes, deadline) {
             self.write_entries(probes, processes);
         }
+        self.python.sync(probes, processes);
     }
 
     /// Installs tables as the worker finishes them until none is pending or `deadline`;
@@ -225,6 +241,16 @@ impl Unwinder {
                 continue;
             }
             let Some(maps) = &record.maps else { continue };
+            // A fork of sysprof's own (a command at its gate, before its exec): its maps are
+            // sysprof's, and an entry written from them could land after the exec cleared the
+            // old one (the exec event may not be read yet), walking the new program with them.
+            if self.own_exe.as_ref().is_some_and(|own| {
+                maps.mappings()
+                    .iter()
+                    .any(|m| matches!(&m.backing, Backing::File { path, .. } if path == own))
+            }) {
+                continue;
+            }
             if maps.mappings().len() > MAPPINGS_PER_PROCESS {
                 self.crowded.insert(pid);
             }
@@ -247,6 +273,7 @@ impl Unwinder {
     /// What the unwinder did; stops the worker.
     pub fn finish(mut self) -> UnwindSummary {
         self.requests = None;
+        self.summary.python = std::mem::take(&mut self.python).finish();
         if let Some(worker) = self.worker.take() {
             // The worker ends after the file it is on: its queue is dropped.
             drop(worker);
