@@ -18,6 +18,7 @@ mod calls;
 mod config;
 mod counters;
 mod cpu;
+mod events;
 mod histogram;
 mod interrupts;
 mod maps;

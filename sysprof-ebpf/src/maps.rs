@@ -3,7 +3,7 @@
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     macros::map,
-    maps::{Array, HashMap, RingBuf, StackTrace},
+    maps::{Array, HashMap, StackTrace},
     programs::tracing::StackIdContext,
 };
 use sysprof_common::{Counter, capacity, stack};
@@ -38,10 +38,6 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGE
 /// Bumped on every change to `TARGETS` (by the programs and by userspace).
 #[map]
 pub static TARGETS_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
-
-/// Process life-cycle events for userspace.
-#[map]
-pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(capacity::PROCESS_EVENTS, 0);
 
 /// Adds `n` to the count under `key`, creating it at `n`; false when the map is full (the
 /// caller counts the loss its own way).

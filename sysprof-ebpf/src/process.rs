@@ -5,16 +5,15 @@
 //! Raw tracepoints: no tracefs needed, and cheaper than classic tracepoints.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
-use sysprof_common::{Counter, ProcessEvent, TASK_COMM_LEN, filter, process_event};
+use sysprof_common::{filter, process_event};
 
 use crate::{
     config::config,
-    counters,
-    maps::PROCESS_EVENTS,
+    events::emit,
     target,
     task_state::{TASK_STATE, UNDECIDED},
 };
@@ -106,29 +105,4 @@ fn try_process_exit() {
 #[inline(always)]
 pub fn executable_mapped(tgid: u32) {
     emit(process_event::MAPPED, tgid, 0, 0);
-}
-
-/// Tells userspace that the unwinder stored a new stack with Python frames (see
-/// `process_event::PYTHON_STACK`).
-#[inline(always)]
-pub fn python_stack(tgid: u32, stack_id: u32) {
-    emit(process_event::PYTHON_STACK, tgid, 0, stack_id);
-}
-
-#[inline(always)]
-fn emit(kind: u32, pid: u32, parent_pid: u32, detail: u32) {
-    let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessEvent>(0) else {
-        counters::add(Counter::ProcessEventsLost, 1);
-        return;
-    };
-    entry.write(ProcessEvent {
-        kind,
-        pid,
-        parent_pid,
-        detail,
-        // SAFETY: plain helper call.
-        time_ns: unsafe { bpf_ktime_get_ns() },
-        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-    });
-    entry.submit(0);
 }

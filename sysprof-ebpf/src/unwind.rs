@@ -127,7 +127,7 @@ fn walk_current() -> Option<i32> {
     let id = store(&scratch.stack);
     if new_code && id >= 0 {
         // Its code objects are named while the process still has them.
-        crate::process::python_stack(tgid, id as u32);
+        crate::events::emit(sysprof_common::process_event::PYTHON_STACK, tgid, 0, id as u32);
     }
     Some(id)
 }

@@ -49,7 +49,7 @@ pub struct ProcessRecord {
     pub memory: Series,
     /// The code objects of its Python frames, when it runs CPython (see `crate::python`).
     #[serde(default)]
-    pub python: Option<crate::python::ProcessCode>,
+    pub python: Option<crate::python::code::ProcessCode>,
     /// How many times it exec'd during the trace.
     #[serde(skip)]
     pub execs: u32,
@@ -288,13 +288,13 @@ impl ProcessTable {
     }
 
     /// Records that a process runs CPython, with the code objects read so far.
-    pub fn set_python(&mut self, pid: u32, code: crate::python::ProcessCode) {
+    pub fn set_python(&mut self, pid: u32, code: crate::python::code::ProcessCode) {
         if let Some(record) = self.processes.get_mut(&pid) {
             record.python = Some(code);
         }
     }
 
-    pub fn python_mut(&mut self, pid: u32) -> Option<&mut crate::python::ProcessCode> {
+    pub fn python_mut(&mut self, pid: u32) -> Option<&mut crate::python::code::ProcessCode> {
         self.processes.get_mut(&pid)?.python.as_mut()
     }
 

@@ -9,7 +9,7 @@
 //! - `functions`: the view the CPU advice reads, by Python function with the interpreter's
 //!   work under it folded in.
 
-mod code;
+pub mod code;
 mod functions;
 mod layout;
 mod merge;
