@@ -40,8 +40,6 @@ pub struct ProcessCode {
     /// Stack id -> when its code objects were read (a count of the stacks read).
     pub stacks: HashMap<u32, u64>,
     pub read: u64,
-    /// Frames whose address held no code object when read.
-    pub unreadable: usize,
 }
 
 /// A code object, with what tells it from the next one at its address.
@@ -61,20 +59,22 @@ impl ProcessCode {
     }
 
     /// Reads the code objects of a new stack's frames: those not seen at their address before,
-    /// or not the one seen there last.
+    /// or not the one seen there last. Returns how many it read, and how many frames held no
+    /// code object by then.
     pub fn read_stack(
         &mut self,
         stack: u32,
         addresses: impl Iterator<Item = u64>,
         memory: &Memory,
         object: &CodeObjects,
-    ) {
+    ) -> (usize, usize) {
         self.read += 1;
         let now = self.read;
         self.stacks.insert(stack, now);
+        let (mut read, mut unreadable) = (0, 0);
         for address in addresses {
             let Some(signature) = memory.signature(address, object) else {
-                self.unreadable += 1;
+                unreadable += 1;
                 continue;
             };
             let known = self.code.get(&address).and_then(|versions| versions.last());
@@ -82,10 +82,14 @@ impl ProcessCode {
                 continue;
             }
             match memory.code(address, object) {
-                Some(code) => self.code.entry(address).or_default().push((now, Seen { signature, code })),
-                None => self.unreadable += 1,
+                Some(code) => {
+                    self.code.entry(address).or_default().push((now, Seen { signature, code }));
+                    read += 1;
+                }
+                None => unreadable += 1,
             }
         }
+        (read, unreadable)
     }
 }
 

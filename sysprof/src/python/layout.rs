@@ -51,10 +51,10 @@ impl Interpreter {
         let data =
             unsafe { memmap2::Mmap::map(&opened) }.with_context(|| format!("mapping {}", path.display()))?;
         let file = object::File::parse(&*data).context("not an ELF file")?;
-        // The symbols needed are exported: the dynamic table is small, the full one is not.
+        // The symbols needed are exported (extension modules link against them), so the dynamic
+        // table, which is small, has them: the full one (libtorch_python's is huge) is not read.
         let defined = |name: &str| {
             file.dynamic_symbols()
-                .chain(file.symbols())
                 .find(|symbol| symbol.name() == Ok(name) && !symbol.is_undefined())
                 .map(|symbol| symbol.address())
         };

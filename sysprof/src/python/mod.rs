@@ -40,7 +40,7 @@ pub struct PythonSummary {
     /// Interpreters found but not walked, each with why (an unsupported version).
     pub unsupported: Vec<String>,
     /// Processes beyond the kernel's table of CPython processes.
-    pub processes_full: usize,
+    pub processes_full: std::collections::BTreeSet<u32>,
     /// Code objects read, and frames whose code object was gone when read.
     pub code_objects: usize,
     pub unreadable: usize,
@@ -56,10 +56,10 @@ impl PythonSummary {
     pub fn limitations(&self) -> Vec<String> {
         let mut lines: Vec<String> =
             self.unsupported.iter().map(|line| format!("Python frames not walked in {line}")).collect();
-        if self.processes_full > 0 {
+        if !self.processes_full.is_empty() {
             lines.push(format!(
                 "Python frames not walked in {} CPython processes beyond the {} the kernel's table holds",
-                self.processes_full,
+                self.processes_full.len(),
                 sysprof_common::python::MAX_PROCESSES
             ));
         }
@@ -154,7 +154,7 @@ impl Python {
         }
         for (pid, (target, entry, version)) in found {
             if entries.insert(pid, entry, 0).is_err() {
-                self.summary.processes_full += 1;
+                self.summary.processes_full.insert(pid);
                 continue;
             }
             self.written.insert(pid, target);
@@ -208,10 +208,9 @@ impl Python {
                 .iter()
                 .filter(|&&frame| frame & FRAME_PYTHON != 0)
                 .map(|frame| frame & FRAME_CODE_MASK);
-            let (known, unreadable) = (code.code.len(), code.unreadable);
-            code.read_stack(id, addresses, &code::Memory::of(pid), &objects);
-            self.summary.code_objects += code.code.len() - known;
-            self.summary.unreadable += code.unreadable - unreadable;
+            let (read, unreadable) = code.read_stack(id, addresses, &code::Memory::of(pid), &objects);
+            self.summary.code_objects += read;
+            self.summary.unreadable += unreadable;
         }
     }
 }
