@@ -358,7 +358,7 @@ fn the_markdown_report_matches_its_golden_file() {
                 links: 2,
                 program_id: 8,
             }],
-            detach: DetachReport { programs: 1, still_loaded: vec![] },
+            detach: DetachReport { programs: 1, still_attached: vec![] },
         },
     };
     assert_golden("report.md", &sysprof::output::render_markdown(&report));

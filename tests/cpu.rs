@@ -86,7 +86,7 @@ fn assert_busy_profile(dir: &Path, frequency: f64, cpu_s: f64) {
 
     assert_eq!(report["hotspots"][0]["function"], "burn_hot", "{:#}", report["hotspots"]);
     assert_eq!(report["hotspots"][0]["module"], "busy");
-    assert_eq!(report["instrumentation"]["detach"]["still_loaded"], serde_json::json!([]));
+    assert_eq!(report["instrumentation"]["detach"]["still_attached"], serde_json::json!([]));
     assert!(report["instrumentation"]["files_modified"].as_array().unwrap().is_empty());
     let markdown = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(markdown.contains("| `burn_hot` | busy |"), "report.md hotspots:\n{markdown}");

@@ -217,7 +217,7 @@ fn a_child_started_during_the_trace_gets_its_own_heap_probes() {
         .map(|p| p["links"].as_u64().unwrap())
         .sum();
     assert!(alloc_links >= 2 * 5, "two processes' allocating functions: {alloc_links} links");
-    assert_eq!(report["instrumentation"]["detach"]["still_loaded"], serde_json::json!([]));
+    assert_eq!(report["instrumentation"]["detach"]["still_attached"], serde_json::json!([]));
     let limitations = report["limitations"].as_array().unwrap();
     assert!(
         limitations.iter().any(|l| l.as_str().unwrap().contains("starts during the trace")),

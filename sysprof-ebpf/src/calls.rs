@@ -53,8 +53,7 @@ static CALL_STATE: TaskStorage<CallInFlight> = TaskStorage::new();
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // Not `window::open`: the probe-cost calibration runs these before the trace starts.
-    if !target::is_current_target_cached(tgid) || window::closed() {
+    if !target::is_current_target_cached(tgid) || !window::open_or_calibrating(tgid) {
         return 0;
     }
     let Some(state) = CALL_STATE.current(true) else {

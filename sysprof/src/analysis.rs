@@ -230,7 +230,7 @@ pub(crate) fn analyze(
             detach: recording
                 .detach
                 .clone()
-                .unwrap_or(DetachReport { programs: 0, still_loaded: Vec::new() }),
+                .unwrap_or(DetachReport { programs: 0, still_attached: Vec::new() }),
         },
     };
     Ok(Analyzed { report, files, cpu_samples })

@@ -51,13 +51,16 @@ pub struct ProgramCost {
     pub run_time_ns: u64,
 }
 
-/// What detaching left behind, checked against the kernel's list of loaded programs.
+/// What detaching left behind, checked against the kernel's lists of BPF links and programs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DetachReport {
     /// Programs sysprof had loaded.
     pub programs: usize,
-    /// Kernel ids of those still loaded after detach (empty when everything is gone).
-    pub still_loaded: Vec<u32>,
+    /// Kernel ids of those still attached after detach (empty when everything is gone): a
+    /// program attached through links while a link to it remains, any other while it is
+    /// loaded.
+    #[serde(alias = "still_loaded")]
+    pub still_attached: Vec<u32>,
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
@@ -89,13 +92,23 @@ fn overflow_size(entries: u32) -> u32 {
     (entries / 4).max(1)
 }
 
+/// The program ids the kernel's BPF links refer to.
+fn kernel_links() -> BTreeSet<u32> {
+    aya::programs::loaded_links().filter_map(|info| info.ok().map(|info| info.program_id())).collect()
+}
+
+/// The ids of the kernel's loaded BPF programs.
+fn kernel_programs() -> BTreeSet<u32> {
+    aya::programs::loaded_programs().filter_map(|info| info.ok().map(|info| info.id())).collect()
+}
+
 /// A detach under way (see [`Probes::detach`]).
 pub struct Detaching(std::thread::JoinHandle<DetachReport>);
 
 impl Detaching {
     /// Waits for the detach to finish, and its proof.
     pub fn wait(self) -> DetachReport {
-        self.0.join().unwrap_or(DetachReport { programs: 0, still_loaded: vec![u32::MAX] })
+        self.0.join().unwrap_or(DetachReport { programs: 0, still_attached: vec![u32::MAX] })
     }
 }
 
@@ -106,11 +119,42 @@ struct UprobeLinkRecord {
     id: UProbeLinkId,
 }
 
+/// The kernel's BTF as aya reads it: needed only to attach BTF tracepoints.
+enum KernelBtf {
+    NotAsked,
+    Parsing(std::thread::JoinHandle<Result<Btf, aya::BtfError>>),
+    Parsed(Btf),
+    Failed(String),
+}
+
+impl KernelBtf {
+    fn get(&mut self) -> Result<&Btf, String> {
+        let parsed = match std::mem::replace(self, KernelBtf::NotAsked) {
+            KernelBtf::NotAsked => Btf::from_sys_fs().map_err(|error| error.to_string()),
+            KernelBtf::Parsing(thread) => match thread.join() {
+                Ok(parsed) => parsed.map_err(|error| error.to_string()),
+                Err(_) => Err("the BTF parser panicked".into()),
+            },
+            KernelBtf::Parsed(btf) => Ok(btf),
+            KernelBtf::Failed(error) => Err(error),
+        };
+        *self = match parsed {
+            Ok(btf) => KernelBtf::Parsed(btf),
+            Err(error) => KernelBtf::Failed(error),
+        };
+        match self {
+            KernelBtf::Parsed(btf) => Ok(btf),
+            KernelBtf::Failed(error) => Err(error.clone()),
+            _ => unreachable!("set just above"),
+        }
+    }
+}
+
 /// The loaded BPF object and everything attached from it.
 pub struct Probes {
     pub(crate) ebpf: Ebpf,
-    /// Kernel BTF, parsed on first need (BTF tracepoints).
-    btf: Option<Btf>,
+    /// Kernel BTF for the BTF tracepoints (see `parse_kernel_btf_ahead`).
+    btf: KernelBtf,
     pub(crate) attached: Vec<AttachedProbe>,
     /// Keeps the kernel's run-time statistics on while held (see `set_stats`).
     stats: Option<OwnedFd>,
@@ -178,11 +222,14 @@ impl Probes {
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.
             .allow_unsupported_maps()
+            // The programs carry no CO-RE relocations (Rust cannot emit them: see btf.rs),
+            // so aya need not parse the kernel's BTF to load them: 50 ms of the start.
+            .btf(None)
             .load(BPF_OBJECT)
             .context("loading sysprof's BPF object")?;
         Ok(Probes {
             ebpf,
-            btf: None,
+            btf: KernelBtf::NotAsked,
             attached: Vec::new(),
             stats_available: stats.is_some(),
             stats,
@@ -190,6 +237,15 @@ impl Probes {
             closing: Vec::new(),
             probed_files: BTreeMap::new(),
         })
+    }
+
+    /// Starts parsing the kernel's BTF on a thread of its own, for the BTF tracepoints that
+    /// attach later: its 50 ms then overlap the unwind tables' and the other programs'
+    /// loading instead of adding to the start.
+    pub fn parse_kernel_btf_ahead(&mut self) {
+        if matches!(self.btf, KernelBtf::NotAsked) {
+            self.btf = KernelBtf::Parsing(std::thread::spawn(Btf::from_sys_fs));
+        }
     }
 
     /// Adds a process to the in-kernel target set.
@@ -272,16 +328,13 @@ impl Probes {
         if self.attached.iter().any(|probe| probe.program == program_name) {
             return Ok(());
         }
-        if self.btf.is_none() {
-            self.btf = Some(Btf::from_sys_fs().map_err(|error| Error::MissingKernelFeature {
-                feature: "kernel BTF (/sys/kernel/btf/vmlinux)".into(),
-                fix: format!(
-                    "the scheduler and syscall probes need it ({error}): use a kernel built with \
-                     CONFIG_DEBUG_INFO_BTF=y, or --focus cpu"
-                ),
-            })?);
-        }
-        let btf = self.btf.as_ref().expect("parsed above");
+        let btf = self.btf.get().map_err(|error| Error::MissingKernelFeature {
+            feature: "kernel BTF (/sys/kernel/btf/vmlinux)".into(),
+            fix: format!(
+                "the scheduler and syscall probes need it ({error}): use a kernel built with \
+                 CONFIG_DEBUG_INFO_BTF=y, or --focus cpu"
+            ),
+        })?;
         let program: &mut BtfTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
         program.load(tracepoint, btf).map_err(|e| rejected(program_name, e))?;
         program.attach().with_context(|| format!("attaching {program_name} to tp_btf/{tracepoint}"))?;
@@ -518,22 +571,40 @@ impl Probes {
     }
 
     fn detach_now(mut self) -> DetachReport {
-        let ids: Vec<u32> =
-            self.attached.iter().map(|probe| probe.program_id).collect::<BTreeSet<_>>().into_iter().collect();
+        let ids: BTreeSet<u32> = self.attached.iter().map(|probe| probe.program_id).collect();
+        // A program is detached once no link refers to it: the kernel unhooks it when its
+        // last link closes, and frees it only after a grace period, which for the syscall
+        // tracepoints (faultable since 6.13) takes some 300 ms. Programs attached without
+        // a link (older kernels' perf-event ioctl) are detached only once they are freed.
+        let linked: BTreeSet<u32> = kernel_links().into_iter().filter(|id| ids.contains(id)).collect();
         for closing in self.closing.drain(..) {
             let _ = closing.join();
         }
+        // Each uprobe waits for a grace period of its own as it is removed (~100 ms here):
+        // closed side by side, the waits overlap instead of adding up.
+        let uprobes = std::mem::take(&mut self.uprobe_links);
+        let owned = self.take_uprobe_links(uprobes);
+        std::thread::scope(|scope| {
+            let per_thread = owned.len().div_ceil(16).max(1);
+            let mut owned = owned;
+            while !owned.is_empty() {
+                let chunk: Vec<UProbeLink> = owned.drain(..per_thread.min(owned.len())).collect();
+                scope.spawn(move || drop(chunk));
+            }
+        });
         drop(self.ebpf);
-        // The kernel frees programs after an RCU grace period once the last fd closes.
         let deadline = Instant::now() + Duration::from_secs(2);
         loop {
-            let loaded: BTreeSet<u32> =
-                aya::programs::loaded_programs().filter_map(|info| info.ok().map(|info| info.id())).collect();
-            let still_loaded: Vec<u32> = ids.iter().copied().filter(|id| loaded.contains(id)).collect();
-            if still_loaded.is_empty() || Instant::now() > deadline {
-                return DetachReport { programs: ids.len(), still_loaded };
+            let (links, loaded) = (kernel_links(), kernel_programs());
+            let still_attached: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|id| if linked.contains(id) { links.contains(id) } else { loaded.contains(id) })
+                .collect();
+            if still_attached.is_empty() || Instant::now() > deadline {
+                return DetachReport { programs: ids.len(), still_attached };
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 

@@ -41,28 +41,15 @@ pub(crate) struct Results {
     pub limitations: Vec<String>,
     pub end: crate::collect::TraceEnd,
     pub tracers: UprobeTracers,
-    /// Measured cost of one probed call, when calls were probed.
-    pub probe_cost_ns: Option<f64>,
-    /// Measured cost of one allocator call under the heap probes (`--malloc`).
-    pub heap_probe_cost_ns: Option<f64>,
     /// NVML polls and the topology, when NVML was there.
     pub nvml_samples: Option<(Vec<crate::gpu::nvml::Sample>, crate::gpu::nvml::topology::Topology)>,
 }
 
 impl Results {
     pub(crate) fn deliver(self) -> anyhow::Result<TraceOutcome> {
-        let Results {
-            props,
-            probes,
-            mut processes,
-            mut output,
-            mut limitations,
-            end,
-            tracers,
-            probe_cost_ns,
-            heap_probe_cost_ns,
-            nvml_samples,
-        } = self;
+        let Results { props, probes, mut processes, mut output, mut limitations, end, tracers, nvml_samples } =
+            self;
+        let mut probes = probes;
         let (started_at, elapsed) = (end.started_at, end.elapsed);
         // Read everything, then start detaching: the probes go before the slow stages
         // (symbolization), and the detach is verified before the report is written.
@@ -73,6 +60,9 @@ impl Results {
         let maps = maps.into_contents();
         let costs = crate::selfcost::since(probes.costs(), &end.stats_baseline);
         let stats_available = probes.stats_available();
+        // After the read-out, so that none of the calibration's runs is in a figure.
+        let (probe_cost_ns, heap_probe_cost_ns) =
+            calibrate_probes(&mut probes, &mut limitations, props.quiet);
         let attached = probes.attached().to_vec();
         let files_changed = probes.probed_files_changed();
         let detach = probes.detach();
@@ -188,6 +178,39 @@ impl Results {
             lost: report.run.lost.total(),
         })
     }
+}
+
+/// What one hit of the call probes (GPU APIs, `--func`) and of the heap probes costs the
+/// target, measured on sysprof's own calibration functions, for the families whose probes
+/// were attached. Measured at the end rather than the start: the call programs' loading and
+/// the probes' attach and detach (about 100 ms a uprobe) then stay out of the start, and a
+/// run that probed no call pays nothing.
+fn calibrate_probes(
+    probes: &mut Probes,
+    limitations: &mut Vec<String>,
+    quiet: bool,
+) -> (Option<f64>, Option<f64>) {
+    let attached = |program: &str| probes.attached().iter().any(|probe| probe.program == program);
+    let (calls, heap) = (attached("call_enter"), attached("alloc_enter"));
+    let mut failed = |what: &str, error: anyhow::Error| {
+        let line = format!("the cost of {what} could not be measured: {error:#}");
+        if !quiet {
+            say!("{line}");
+        }
+        limitations.push(line);
+        None
+    };
+    let call_cost = match calls.then(|| crate::uprobes::calibrate::measure_probe_cost(probes)) {
+        Some(Ok(ns)) => Some(ns),
+        Some(Err(error)) => failed("a probe hit", error),
+        None => None,
+    };
+    let heap_cost = match heap.then(|| crate::memory::heap::measure_probe_cost(probes)) {
+        Some(Ok(ns)) => Some(ns),
+        Some(Err(error)) => failed("an allocator probe hit", error),
+        None => None,
+    };
+    (call_cost, heap_cost)
 }
 
 /// Sends the pprof profiles to the `--push` server, after the local files are written: a

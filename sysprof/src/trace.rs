@@ -30,7 +30,6 @@ use crate::{
     target::{self, ResolvedTarget},
     terminal::say,
     unwind::Unwinder,
-    uprobes::calibrate,
 };
 
 /// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled, and the
@@ -201,6 +200,9 @@ async fn run(
         unwind_chunks: unwind_chunks(config.unwind_memory_mib),
     };
     let mut probes = Probes::load(&bpf_config, sizes)?;
+    if on.sched || on.syscalls {
+        probes.parse_kernel_btf_ahead();
+    }
     // The running targets' tables first: cached ones are written before the trace starts.
     let mut unwinder = (sizes.unwind_chunks > 0).then(|| Unwinder::new(sizes.unwind_chunks));
     if let Some(unwinder) = &mut unwinder {
@@ -222,23 +224,8 @@ async fn run(
         }
         limitations.push(line);
     };
-    let mut probe_cost_ns = None;
     if tracers.gpu.is_some() || !tracers.funcs.is_empty() {
         tracers.events = Some(probes.take_call_events()?);
-        // Before the other programs attach: sysprof is briefly its own target here.
-        match calibrate::measure_probe_cost(&mut probes) {
-            Ok(ns) => probe_cost_ns = Some(ns),
-            Err(error) => limitation(format!("the cost of a probe hit could not be measured: {error:#}")),
-        }
-    }
-    let mut heap_probe_cost_ns = None;
-    if heap {
-        match memory::heap::measure_probe_cost(&mut probes) {
-            Ok(ns) => heap_probe_cost_ns = Some(ns),
-            Err(error) => {
-                limitation(format!("the cost of an allocator probe hit could not be measured: {error:#}"))
-            }
-        }
     }
     if resolved.filter == filter::TARGETS {
         for &pid in &resolved.pids {
@@ -396,18 +383,7 @@ async fn run(
         stats_coverage,
         stats_baseline,
     };
-    let results = Results {
-        props,
-        probes,
-        processes,
-        output,
-        limitations,
-        end,
-        tracers,
-        probe_cost_ns,
-        heap_probe_cost_ns,
-        nvml_samples,
-    };
+    let results = Results { props, probes, processes, output, limitations, end, tracers, nvml_samples };
     tokio::task::spawn_blocking(move || results.deliver()).await.context("writing the results")?
 }
 

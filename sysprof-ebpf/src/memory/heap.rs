@@ -47,8 +47,7 @@ static ALLOC_STATE: TaskStorage<AllocInFlight> = TaskStorage::new();
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // Not `window::open`: the heap probes' calibration runs before the trace starts.
-    if !target::is_current_target_cached(tgid) || crate::window::closed() {
+    if !target::is_current_target_cached(tgid) || !crate::window::open_or_calibrating(tgid) {
         return 0;
     }
     let Some(state) = ALLOC_STATE.current(true) else { return 0 };

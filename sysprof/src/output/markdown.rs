@@ -259,15 +259,15 @@ fn part_b(out: &mut String, report: &Report) {
     table(out, &["File", "Change type", "What", "Lines"], &file_rows);
 
     let _ = writeln!(out, "### BPF programs attached\n");
-    let gone = instr.detach.still_loaded.is_empty();
+    let gone = instr.detach.still_attached.is_empty();
     let rows: Vec<Vec<String>> = instr
         .probes
         .iter()
         .map(|p| {
-            let detached = if instr.detach.still_loaded.contains(&p.program_id) {
-                format!("NO: program id {} still loaded", p.program_id)
+            let detached = if instr.detach.still_attached.contains(&p.program_id) {
+                format!("NO: program id {} still attached", p.program_id)
             } else {
-                format!("yes (program id {} gone)", p.program_id)
+                format!("yes (program id {})", p.program_id)
             };
             vec![
                 format!("`{}`", p.program),
@@ -281,9 +281,9 @@ fn part_b(out: &mut String, report: &Report) {
     table(out, &["Program", "Type", "Attached to", "Links", "Detached"], &rows);
     let _ = writeln!(
         out,
-        "Detach check: {} of {} programs confirmed unloaded by listing the kernel's BPF programs after \
-         detaching{}.",
-        instr.detach.programs - instr.detach.still_loaded.len(),
+        "Detach check: {} of {} programs confirmed detached by listing the kernel's BPF links and programs \
+         after detaching (no link to the program is left, or it is unloaded){}.",
+        instr.detach.programs - instr.detach.still_attached.len(),
         instr.detach.programs,
         if gone { "" } else { " (some remained: see above)" }
     );
