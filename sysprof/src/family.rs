@@ -14,7 +14,7 @@ use sysprof_common::{CallKey, CallStats, Config};
 use crate::{
     callsites::CallNames,
     gpu::{nvml, state::GpuState},
-    probes::Probes,
+    probes::{Preload, Probes},
     procs::ProcessTable,
     profile::StackProfile,
     readout::{Counters, MapReader},
@@ -35,6 +35,12 @@ pub(crate) trait Family {
     /// again). The uprobe families attach during collection instead.
     fn attach(&self, _probes: &mut Probes) -> anyhow::Result<()> {
         Ok(())
+    }
+
+    /// The programs its `attach` loads, verified side by side before any family attaches
+    /// (`Probes::preload`).
+    fn programs(&self) -> &'static [Preload] {
+        &[]
     }
 
     /// Reads its maps once the trace ended (the same reads live and replayed) and keeps them

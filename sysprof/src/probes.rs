@@ -119,6 +119,27 @@ struct UprobeLinkRecord {
     id: UProbeLinkId,
 }
 
+/// A program a family attaches, for [`Probes::preload`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Preload {
+    /// A perf-event, raw-tracepoint or uprobe program, by name.
+    Plain(&'static str),
+    /// A BTF tracepoint program and its tracepoint.
+    BtfTracePoint(&'static str, &'static str),
+}
+
+impl Preload {
+    fn program(&self) -> &'static str {
+        match self {
+            Preload::Plain(name) | Preload::BtfTracePoint(name, _) => name,
+        }
+    }
+}
+
+/// The process life-cycle programs (`attach_process_tracking`), always attached.
+pub(crate) const PROCESS_TRACKING: [Preload; 3] =
+    [Preload::Plain("process_fork"), Preload::Plain("process_exec"), Preload::Plain("process_exit")];
+
 /// The kernel's BTF as aya reads it: needed only to attach BTF tracepoints.
 enum KernelBtf {
     NotAsked,
@@ -300,7 +321,9 @@ impl Probes {
         tracepoints: &[(&str, &str)],
     ) -> anyhow::Result<()> {
         let program: &mut RawTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
-        program.load().map_err(|e| rejected(program_name, e))?;
+        if program.fd().is_err() {
+            program.load().map_err(|e| rejected(program_name, e))?;
+        }
         for (_, tracepoint) in tracepoints {
             program
                 .attach(tracepoint)
@@ -317,6 +340,45 @@ impl Probes {
             program_id,
         });
         Ok(())
+    }
+
+    /// Verifies `programs` side by side, a thread each, before the families attach them one
+    /// by one: the verifier is most of the start (sched_switch alone takes 50 ms here), and
+    /// privileged loads run in parallel in the kernel. The BTF tracepoints wait for the BTF
+    /// (`parse_kernel_btf_ahead`). A program that fails here is left for its attach to load
+    /// again and report, with the verifier's log.
+    pub(crate) fn preload(&mut self, programs: &[Preload]) {
+        let btf = match programs.iter().any(|p| matches!(p, Preload::BtfTracePoint(..))) {
+            true => self.btf.get().ok(),
+            false => None,
+        };
+        let mut wanted: Vec<(&Preload, &mut aya::programs::Program)> = Vec::new();
+        for (name, program) in self.ebpf.programs_mut() {
+            let spec = programs.iter().find(|p| p.program() == name);
+            if let Some(spec) =
+                spec.filter(|_| program.fd().is_err() && !wanted.iter().any(|(w, _)| w.program() == name))
+            {
+                wanted.push((spec, program));
+            }
+        }
+        std::thread::scope(|scope| {
+            for (spec, program) in wanted {
+                scope.spawn(move || {
+                    use aya::programs::Program;
+                    let _ = match (spec, program) {
+                        (Preload::BtfTracePoint(_, tracepoint), Program::BtfTracePoint(program)) => match btf
+                        {
+                            Some(btf) => program.load(tracepoint, btf),
+                            None => Ok(()),
+                        },
+                        (Preload::Plain(_), Program::PerfEvent(program)) => program.load(),
+                        (Preload::Plain(_), Program::RawTracePoint(program)) => program.load(),
+                        (Preload::Plain(_), Program::UProbe(program)) => program.load(),
+                        _ => Ok(()),
+                    };
+                });
+            }
+        });
     }
 
     pub(crate) fn attach_btf_tracepoint(
@@ -336,7 +398,9 @@ impl Probes {
             ),
         })?;
         let program: &mut BtfTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
-        program.load(tracepoint, btf).map_err(|e| rejected(program_name, e))?;
+        if program.fd().is_err() {
+            program.load(tracepoint, btf).map_err(|e| rejected(program_name, e))?;
+        }
         program.attach().with_context(|| format!("attaching {program_name} to tp_btf/{tracepoint}"))?;
         let program_id = program.info()?.id();
         self.attached.push(AttachedProbe {

@@ -23,7 +23,7 @@ use crate::{
     memory::{self, heap::HeapTracer},
     output::OutputDir,
     privileges,
-    probes::{MapSizes, Probes, monotonic_ns},
+    probes::{MapSizes, PROCESS_TRACKING, Preload, Probes, monotonic_ns},
     procs::{self, ProcessTable},
     recording::ReportProps,
     results::{Results, TraceOutcome},
@@ -247,7 +247,11 @@ async fn run(
     if let Some(url) = &config.push {
         props.push = Some(push_props(url, &config.target, gated.as_ref(), &resolved, &processes));
     }
-    for family in families::enabled(&props) {
+    let families = families::enabled(&props);
+    let programs: Vec<Preload> =
+        families.iter().flat_map(|family| family.programs()).chain(&PROCESS_TRACKING).copied().collect();
+    probes.preload(&programs);
+    for family in families {
         family.attach(&mut probes)?;
     }
     probes.attach_process_tracking()?;

@@ -16,6 +16,10 @@
 //   sysload lockedsleep THREADS SECONDS
 //                                 THREADS threads that each hold one mutex across a 500 us
 //                                 sleep in sleep_holding_lock (a lock held across I/O)
+//   sysload stamps MS             prints "start_realtime_ns=X" first thing, sleeps MS ms, and
+//                                 prints "end_realtime_ns=X" as it exits (the start and end
+//                                 benchmark's clock: CLOCK_REALTIME, comparable across
+//                                 processes)
 //   sysload tickers THREADS SECONDS
 //                                 THREADS threads that each wake every 10 ms for SECONDS;
 //                                 prints "cpu_ns=X", the process's CPU time
@@ -111,6 +115,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *mode = argv[1];
+    if (strcmp(mode, "stamps") == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        printf("start_realtime_ns=%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+        fflush(stdout);
+        long ms = atol(argv[2]);
+        struct timespec nap = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&nap, &nap) != 0 && errno == EINTR) {
+        }
+        clock_gettime(CLOCK_REALTIME, &ts);
+        printf("end_realtime_ns=%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+        return 0;
+    }
     if (strcmp(mode, "getppid") == 0) {
         long n = atol(argv[2]);
         double start = now();

@@ -49,6 +49,10 @@ enum Bench {
     /// sample; the unwind tables of libc, python and libnccl (size, build and cached read
     /// time); start to attached for a running Python process
     Unwind,
+    /// Start and end: from launching `TOOL -- CMD` to the command's first instruction, and
+    /// from the command's exit to the tool's (results written), for a 10 s command, with
+    /// sysprof's default families and with `perf record -g`; and `--pid` to attached
+    Start,
     /// A CPU-bound pure-Python script (tests/workloads/python_app.py bench): slowdown at 99 and
     /// 999 Hz with sysprof (Python frames and native ones) and with py-spy at the same rate
     Python,
@@ -117,6 +121,9 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     if all || args.bench == Bench::Unwind {
         runner.unwind()?;
+    }
+    if all || args.bench == Bench::Start {
+        runner.start_end()?;
     }
     if all || args.bench == Bench::Python {
         runner.python()?;
@@ -382,6 +389,56 @@ impl Runner<'_> {
         Ok(())
     }
 
+    fn start_end(&self) -> anyhow::Result<()> {
+        let sysload = build_workload(self.root, self.out, "sysload")?;
+        let workload = vec![sysload.display().to_string(), "stamps".into(), "10000".into()];
+        let mut configs = vec![self.sysprof_config("sysprof", &[], &workload)];
+        if tool_works("perf", &["--version"]) {
+            let data = self.out.join("perf-start.data").display().to_string();
+            let mut perf: Vec<String> =
+                ["perf", "record", "-q", "-g", "-o", &data, "--"].map(String::from).into();
+            perf.extend(workload.iter().cloned());
+            configs.push(Config { name: "perf record -g".into(), argv: perf });
+        }
+        // Each round is a 10 s command: three of them give a median.
+        let rounds = self.runs.clamp(1, 3);
+        println!("\nstart and end: sysload stamps 10000 (sleeps 10 s), {rounds} rounds, medians");
+        let mut starts = vec![Vec::new(); configs.len()];
+        let mut ends = vec![Vec::new(); configs.len()];
+        for round in 0..rounds {
+            let mut order: Vec<usize> = (0..configs.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for index in order {
+                let (start, end) = start_and_end(&configs[index])?;
+                starts[index].push(start);
+                ends[index].push(end);
+            }
+            eprint!("\rbench: round {}/{rounds}", round + 1);
+        }
+        eprintln!();
+        println!("{:<30} {:>22} {:>26}", "configuration", "start to command", "command exit to tool exit");
+        for (i, config) in configs.iter().enumerate() {
+            println!(
+                "{:<30} {:>20.3} s {:>24.3} s",
+                config.name,
+                median(&mut starts[i]),
+                median(&mut ends[i])
+            );
+        }
+        let mut sleeper = Command::new(&sysload).args(["stamps", "120000"]).stdout(Stdio::null()).spawn()?;
+        let pid = sleeper.id().to_string();
+        let mut attached = Vec::new();
+        for _ in 0..self.runs.max(3) {
+            attached.push(time_to_tracing(self.sysprof, &pid, &[], self.out)?);
+        }
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        println!("sysprof --pid of a running process, start to attached: {:.3} s", median(&mut attached));
+        Ok(())
+    }
+
     fn python(&self) -> anyhow::Result<()> {
         let python = python_interpreter().context("no python3.12 or python3 to run the workload")?;
         let script = self.root.join("tests/workloads/python_app.py");
@@ -615,6 +672,39 @@ fn show(value: Option<f64>) -> String {
         Some(v) => format!("{v:.4}"),
         None => "-".into(),
     }
+}
+
+/// Seconds from launching `config` to its command's first stamp, and from the command's last
+/// stamp to the tool's exit.
+fn start_and_end(config: &Config) -> anyhow::Result<(f64, f64)> {
+    let realtime_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_nanos() as f64)
+    };
+    let launched = realtime_ns();
+    let mut command = Command::new(&config.argv[0]);
+    for variable in crate::SUDO_VARIABLES {
+        command.env_remove(variable);
+    }
+    let output = command
+        .args(&config.argv[1..])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("running {}", config.argv.join(" ")))?;
+    let exited = realtime_ns();
+    if !output.status.success() {
+        bail!("{} failed: {}", config.name, String::from_utf8_lossy(&output.stderr));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stamp = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix('=')?.trim().parse::<f64>().ok())
+            .with_context(|| format!("{} printed no {name}: {stdout}", config.name))
+    };
+    Ok(((stamp("start_realtime_ns")? - launched) / 1e9, (exited - stamp("end_realtime_ns")?) / 1e9))
 }
 
 /// Seconds from starting `sysprof trace --pid PID` to its "tracing" line (everything attached).

@@ -12,7 +12,9 @@ use sysprof_common::{SampleKey, names};
 use crate::{
     config::SampleEvent,
     family::{Analysis, Family},
-    probes::{AttachedProbe, Probes, cpu_ranges, online_cpus, perf_event_error, program_mut, rejected},
+    probes::{
+        AttachedProbe, Preload, Probes, cpu_ranges, online_cpus, perf_event_error, program_mut, rejected,
+    },
     readout::MapReader,
     report::Section,
 };
@@ -45,6 +47,13 @@ impl Family for CpuFamily {
         "cpu"
     }
 
+    fn programs(&self) -> &'static [Preload] {
+        match self.sampled {
+            true => &[Preload::Plain("cpu_sample")],
+            false => &[],
+        }
+    }
+
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         match self.sampled {
             true => probes.attach_cpu_sampling(self.event, self.frequency_hz),
@@ -72,7 +81,9 @@ impl Probes {
         const PROGRAM: &str = "cpu_sample";
         let cpus = online_cpus()?;
         let program: &mut PerfEvent = program_mut(&mut self.ebpf, PROGRAM)?.try_into()?;
-        program.load().map_err(|e| rejected(PROGRAM, e))?;
+        if program.fd().is_err() {
+            program.load().map_err(|e| rejected(PROGRAM, e))?;
+        }
         let perf_config = match event {
             SampleEvent::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
             SampleEvent::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),

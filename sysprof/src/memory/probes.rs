@@ -13,9 +13,13 @@ use sysprof_common::{
 
 use crate::{
     family::{Analysis, Family},
-    probes::{AttachedProbe, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected},
+    probes::{
+        AttachedProbe, Preload, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected,
+    },
     readout::MapReader,
     report::Section,
+    sched::probes::SCHED_SWITCH,
+    syscalls::probes::{SYSCALL_ENTER, SYSCALL_EXIT},
 };
 
 /// Memory statistics as the kernel aggregated them, with the stacks they reference.
@@ -59,6 +63,16 @@ impl Family for MemoryFamily {
         super::configure_kernel(kernel);
     }
 
+    fn programs(&self) -> &'static [Preload] {
+        &[
+            SCHED_SWITCH,
+            SYSCALL_ENTER,
+            SYSCALL_EXIT,
+            Preload::Plain("fault_minor"),
+            Preload::Plain("fault_major"),
+        ]
+    }
+
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         probes.attach_sched_switch()?;
         probes.attach_syscalls()?;
@@ -94,7 +108,9 @@ impl Probes {
             ("fault_major", SoftwareEvent::PageFaultsMaj, "page-faults-major"),
         ] {
             let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
-            program.load().map_err(|e| rejected(name, e))?;
+            if program.fd().is_err() {
+                program.load().map_err(|e| rejected(name, e))?;
+            }
             for &cpu in &cpus {
                 program
                     .attach(

@@ -7,7 +7,7 @@ use sysprof_common::{Config, LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSch
 
 use crate::{
     family::{Analysis, Family},
-    probes::Probes,
+    probes::{Preload, Probes},
     readout::MapReader,
     report::Section,
 };
@@ -40,6 +40,15 @@ impl Family for SchedFamily {
         kernel.sched_stats = 1;
     }
 
+    fn programs(&self) -> &'static [Preload] {
+        &[
+            SCHED_SWITCH,
+            Preload::Plain("interrupt_exit"),
+            Preload::Plain("interrupt_enter"),
+            Preload::BtfTracePoint("sched_waking", "sched_waking"),
+        ]
+    }
+
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         probes.attach_sched_switch()?;
         // Before the wakeup program: it asks them whether a wakeup is an interrupt's.
@@ -61,6 +70,9 @@ impl Family for SchedFamily {
         Ok(Some(Box::new(super::section::analyze(&self.dump, cx))))
     }
 }
+
+/// The context-switch program, which the syscall and memory families attach too.
+pub(crate) const SCHED_SWITCH: Preload = Preload::BtfTracePoint("sched_switch", "sched_switch");
 
 impl Probes {
     /// Attaches the context-switch program (scheduler statistics, off-CPU stacks, and parking of

@@ -13,7 +13,7 @@ use sysprof_common::signals::{self, SignalKey, action, origin};
 use crate::{
     family::{Analysis, Family},
     output::markdown::{escape, table},
-    probes::Probes,
+    probes::{Preload, Probes},
     readout::MapReader,
     report::{Section, format::thousands},
 };
@@ -28,6 +28,10 @@ pub(crate) struct SignalFamily {
 impl Family for SignalFamily {
     fn name(&self) -> &'static str {
         "signals"
+    }
+
+    fn programs(&self) -> &'static [Preload] {
+        &[Preload::BtfTracePoint("signal_deliver", "signal_deliver")]
     }
 
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {

@@ -5,9 +5,10 @@ use sysprof_common::{Config, SyscallErrorKey, SyscallKey, SyscallSlot, SyscallSt
 
 use crate::{
     family::{Analysis, Family},
-    probes::Probes,
+    probes::{Preload, Probes},
     readout::MapReader,
     report::Section,
+    sched::probes::SCHED_SWITCH,
 };
 
 /// Syscall statistics as the kernel aggregated them.
@@ -35,6 +36,10 @@ impl Family for SyscallFamily {
         kernel.nr_exit_group = syscalls::Sysno::exit_group as u32;
     }
 
+    fn programs(&self) -> &'static [Preload] {
+        &[SCHED_SWITCH, SYSCALL_ENTER, SYSCALL_EXIT]
+    }
+
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         // The switch program parks a syscall in flight when its thread leaves the CPU.
         probes.attach_sched_switch()?;
@@ -50,6 +55,10 @@ impl Family for SyscallFamily {
         Ok(Some(Box::new(super::section::analyze(&self.dump, cx))))
     }
 }
+
+/// The syscall programs, which the memory family attaches too (mmap and brk arguments).
+pub(crate) const SYSCALL_ENTER: Preload = Preload::BtfTracePoint("syscall_enter", "sys_enter");
+pub(crate) const SYSCALL_EXIT: Preload = Preload::BtfTracePoint("syscall_exit", "sys_exit");
 
 impl Probes {
     /// Attaches the syscall enter/exit programs.
