@@ -131,6 +131,54 @@ fn a_library_dlopened_mid_trace_is_unwound() {
     assert_eq!(unmapped_frames(&folded), Vec::<String>::new());
 }
 
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_cuda_call_through_nvidias_libcudart_is_stacked_to_main() {
+    let test = "a_cuda_call_through_nvidias_libcudart_is_stacked_to_main";
+    let Some(_guard) = root_guard(test) else { return };
+    let Some(libs) = nvidia_libraries(test) else { return };
+    // gpu_app built without frame pointers calls NVIDIA's real libcudart (none either) from
+    // api_calls: each of its five cudaMemcpy calls is stacked at the probe, at the function's
+    // first instruction, where a frame-pointer walk skips the caller (the return address
+    // names api_calls still) and everything above it.
+    let program = gpu_app_without_frame_pointers();
+    let run = |extra: &[&str]| {
+        let dir = output_dir();
+        let out = sysprof()
+            .env("LD_LIBRARY_PATH", &libs)
+            .args(["trace", "-q", "--focus", "gpu", "-o"])
+            .arg(dir.path())
+            .args(extra)
+            .arg("--")
+            .arg(&program)
+            .arg("api")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let folded = read_folded(&dir.path().join("gpucalls.folded"));
+        let memcpy: Vec<Vec<String>> = folded
+            .into_iter()
+            .filter(|(frames, _)| frames.last().is_some_and(|leaf| leaf == "cudaMemcpy"))
+            .map(|(frames, _)| frames)
+            .collect();
+        (dir, memcpy)
+    };
+    let (_dir, memcpy) = run(&[]);
+    assert!(!memcpy.is_empty(), "no cudaMemcpy stack in gpucalls.folded");
+    for frames in &memcpy {
+        assert!(
+            has_chain(frames, &["main", "api_calls", "cudaMemcpy"]),
+            "cudaMemcpy without its caller: {frames:?}"
+        );
+    }
+    // By frame pointers only, the stacks end at api_calls: the check above is the unwinder's.
+    let (_fp, memcpy) = run(&["--unwind-memory", "0"]);
+    assert!(
+        memcpy.iter().all(|frames| !has_chain(frames, &["main", "api_calls", "cudaMemcpy"])),
+        "frame pointers walked it whole? {memcpy:?}"
+    );
+}
+
 /// The user frames of each sample of a perf.data recorded with --call-graph dwarf, innermost
 /// first, without the frames perf adds for inlined functions (sysprof's symbolizer shows
 /// those only where the file has DWARF).

@@ -54,6 +54,11 @@ pub struct CallNames {
 }
 
 impl CallNames {
+    /// The calls' stacks, resolved.
+    pub fn stacks(&self) -> &ResolvedStacks {
+        &self.stacks
+    }
+
     /// Resolves every stack, caller and launched kernel the calls and the GPU state refer to.
     pub fn new(
         calls: &[(CallKey, CallStats)],

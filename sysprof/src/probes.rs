@@ -119,6 +119,21 @@ struct UprobeLinkRecord {
     id: UProbeLinkId,
 }
 
+/// aya's loader, made on a thread of its own from the start of the trace: making one parses
+/// the kernel's BTF (50 ms here), which sysprof's programs do not need (`.btf(None)` at the
+/// load) but aya does at once; this way it overlaps the preflight instead of adding to it.
+pub struct LoaderAhead(std::thread::JoinHandle<EbpfLoader<'static>>);
+
+impl LoaderAhead {
+    pub fn start() -> Self {
+        LoaderAhead(std::thread::spawn(EbpfLoader::new))
+    }
+
+    pub fn get(self) -> EbpfLoader<'static> {
+        self.0.join().unwrap_or_else(|_| EbpfLoader::new())
+    }
+}
+
 /// A program a family attaches, for [`Probes::preload`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Preload {
@@ -215,6 +230,15 @@ impl Probes {
     /// Loads the object with `config` baked into its read-only data and its maps sized. No
     /// program runs yet.
     pub fn load(config: &Config, sizes: MapSizes) -> anyhow::Result<Self> {
+        Self::load_with(EbpfLoader::new(), config, sizes)
+    }
+
+    /// `load`, with a loader made ahead (`LoaderAhead`).
+    pub fn load_with<'a>(
+        mut loader: EbpfLoader<'a>,
+        config: &'a Config,
+        sizes: MapSizes,
+    ) -> anyhow::Result<Self> {
         if BPF_OBJECT.is_empty() {
             anyhow::bail!(
                 "this sysprof was built with SYSPROF_BPF_SKIP and carries no BPF programs: build it with \
@@ -222,7 +246,7 @@ impl Probes {
             );
         }
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-        let ebpf = EbpfLoader::new()
+        let ebpf = loader
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::STACKS, sizes.stacks)
             .map_max_entries(names::CPU_STACKS, sizes.stacks)
@@ -248,6 +272,10 @@ impl Probes {
             .btf(None)
             .load(BPF_OBJECT)
             .context("loading sysprof's BPF object")?;
+        // The loader's parse of the kernel BTF (see LoaderAhead) is freed: give it back.
+        drop(loader);
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
         Ok(Probes {
             ebpf,
             btf: KernelBtf::NotAsked,
@@ -266,6 +294,17 @@ impl Probes {
     pub fn parse_kernel_btf_ahead(&mut self) {
         if matches!(self.btf, KernelBtf::NotAsked) {
             self.btf = KernelBtf::Parsing(std::thread::spawn(Btf::from_sys_fs));
+        }
+    }
+
+    /// Lets the kernel BTF go once the BTF tracepoints are attached: aya's parse of it holds
+    /// some 20 MB, most of sysprof's memory otherwise. A later BTF tracepoint parses it again.
+    pub fn forget_kernel_btf(&mut self) {
+        if matches!(self.btf, KernelBtf::Parsed(_) | KernelBtf::Parsing(_)) {
+            self.btf = KernelBtf::NotAsked;
+            // Its many small blocks go back to the system, not only to malloc's free lists.
+            // SAFETY: malloc_trim has no preconditions.
+            unsafe { libc::malloc_trim(0) };
         }
     }
 

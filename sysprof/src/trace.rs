@@ -23,7 +23,7 @@ use crate::{
     memory::{self, heap::HeapTracer},
     output::OutputDir,
     privileges,
-    probes::{MapSizes, PROCESS_TRACKING, Preload, Probes, monotonic_ns},
+    probes::{LoaderAhead, MapSizes, PROCESS_TRACKING, Preload, Probes, monotonic_ns},
     procs::{self, ProcessTable},
     recording::ReportProps,
     results::{Results, TraceOutcome},
@@ -46,15 +46,21 @@ pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    // Before the preflight: its 50 ms overlap it (see LoaderAhead).
+    let loader = LoaderAhead::start();
     runtime.block_on(async {
         // First of all: from here on Ctrl-C, SIGTERM and SIGHUP end the trace instead of
         // killing sysprof, even one that arrives while the probes are being attached.
         let stop = Stop::register()?;
-        preflight_and_run(config, stop).await
+        preflight_and_run(config, loader, stop).await
     })
 }
 
-async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<TraceOutcome> {
+async fn preflight_and_run(
+    config: TraceConfig,
+    loader: LoaderAhead,
+    stop: Stop,
+) -> anyhow::Result<TraceOutcome> {
     // Preflight: everything that can be wrong is found before any probe is attached.
     if !privileges::can_trace() {
         return Err(Error::NotPrivileged.into());
@@ -95,7 +101,8 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
     // What the later stages need of the configuration, decided once.
     let props = ReportProps::of(&config);
     let bpf_config = kernel_config(&config, &props, &resolved, offsets);
-    run(config, props, resolved, bpf_config, output, limitations, stop).await
+    let preflight = Preflight { props, resolved, bpf_config, output, limitations };
+    run(config, preflight, loader, stop).await
 }
 
 /// Bytes of kernel memory one entry of the stack map takes: 127 frames (the kernel's default
@@ -166,15 +173,22 @@ fn kernel_config(
     kernel
 }
 
-async fn run(
-    config: TraceConfig,
-    mut props: ReportProps,
-    mut resolved: ResolvedTarget,
+/// What the preflight found and decided, for the stages after it.
+struct Preflight {
+    props: ReportProps,
+    resolved: ResolvedTarget,
     bpf_config: Config,
     output: OutputDir,
-    mut limitations: Vec<String>,
+    limitations: Vec<String>,
+}
+
+async fn run(
+    config: TraceConfig,
+    preflight: Preflight,
+    loader: LoaderAhead,
     stop: Stop,
 ) -> anyhow::Result<TraceOutcome> {
+    let Preflight { mut props, mut resolved, bpf_config, output, mut limitations } = preflight;
     let started_at = SystemTime::now();
 
     // The targets' memory maps first, before anything is attached: a target that exits while
@@ -199,7 +213,7 @@ async fn run(
         live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
         unwind_chunks: unwind_chunks(config.unwind_memory_mib),
     };
-    let mut probes = Probes::load(&bpf_config, sizes)?;
+    let mut probes = Probes::load_with(loader.get(), &bpf_config, sizes)?;
     if on.sched || on.syscalls {
         probes.parse_kernel_btf_ahead();
     }
@@ -255,6 +269,7 @@ async fn run(
         family.attach(&mut probes)?;
     }
     probes.attach_process_tracking()?;
+    probes.forget_kernel_btf();
     let events = probes.take_process_events()?;
     for pid in target::late_joiners(&resolved) {
         probes.add_target_process(pid)?;

@@ -172,26 +172,33 @@ pub fn gpu_doubles() -> PathBuf {
 /// doubles at link time; LD_LIBRARY_PATH chooses at run time).
 pub fn gpu_app() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let doubles = gpu_doubles();
-            let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("workloads/gpu_app");
-            std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/gpu_app.c");
-            let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-                .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-                .arg(&binary)
-                .arg(&source)
-                .arg("-L")
-                .arg(&doubles)
-                .arg(format!("-Wl,-rpath-link,{}", doubles.display()))
-                .args(["-l:libcudart.so.12", "-l:libnccl.so.2"])
-                .status()
-                .unwrap();
-            assert!(status.success(), "building gpu_app failed");
-            binary
-        })
-        .clone()
+    BUILT.get_or_init(|| build_gpu_app("gpu_app", &["-O1", "-fno-omit-frame-pointer"])).clone()
+}
+
+/// `gpu_app` built as distributions build code: `-O2 -fomit-frame-pointer`.
+pub fn gpu_app_without_frame_pointers() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build_gpu_app("gpu_app_nofp", &["-O2", "-fomit-frame-pointer"])).clone()
+}
+
+fn build_gpu_app(name: &str, flags: &[&str]) -> PathBuf {
+    let doubles = gpu_doubles();
+    let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("workloads").join(name);
+    std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/gpu_app.c");
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(flags)
+        .args(["-g", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .arg("-L")
+        .arg(&doubles)
+        .arg(format!("-Wl,-rpath-link,{}", doubles.display()))
+        .args(["-l:libcudart.so.12", "-l:libnccl.so.2"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "building {name} failed");
+    binary
 }
 
 /// A background process killed when dropped, so a failing test leaves nothing running.

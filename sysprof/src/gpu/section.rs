@@ -8,10 +8,13 @@ use super::{
     functions,
     report::{self, GpuReport},
 };
+use sysprof_common::{CallKey, CallStats, stack};
+
 use crate::{
     family::{Analysis, Family},
     latency::format_ns,
     output::markdown::{escape, table},
+    profile::{self, StackProfile, StackSample},
     report::{
         Section,
         format::{bytes, thousands},
@@ -36,8 +39,34 @@ impl Family for GpuFamily {
         let gpu =
             report::build(outcome.libraries.clone(), state, &calls, cx.names, wall_s, cx.run.probe_cost_ns);
         cx.recommendations.extend(report::recommendations(&gpu));
+        let by_stack = call_profile(&calls, cx);
+        if by_stack.total() > 0 {
+            cx.add_profile(CALL_PROFILE, "time in CUDA and NCCL calls (nanoseconds)", by_stack);
+        }
         Ok(Some(Box::new(gpu)))
     }
+}
+
+/// The files of the calls' time by calling stack (gpucalls.folded, .svg, .pb.gz).
+pub const CALL_PROFILE: &str = "gpucalls";
+
+/// Time in the probed CUDA and NCCL calls by the stack they were called from, outermost
+/// first: the probed function is the leaf, its callers above it, so a flamegraph shows which
+/// code of the program waits on which call (failed calls included).
+fn call_profile(calls: &[(CallKey, CallStats)], cx: &Analysis<'_>) -> StackProfile {
+    let samples: Vec<StackSample> = calls
+        .iter()
+        .map(|(key, stats)| StackSample {
+            tgid: key.tgid,
+            tid: key.tgid,
+            user_stack_id: key.user_stack_id,
+            kernel_stack_id: stack::NONE,
+            comm: None,
+            weight: stats.latency.total_ns,
+            tag: 0,
+        })
+        .collect();
+    profile::build(&samples, cx.names.stacks(), cx.processes, "ns", |_, _| None)
 }
 
 impl Section for GpuReport {

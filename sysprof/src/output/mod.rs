@@ -81,8 +81,10 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
 pub fn is_sysprof_output(name: &str) -> bool {
     matches!(name, "report.md" | "report.json" | crate::recording::FILE_NAME)
         || name.split_once('.').is_some_and(|(base, ext)| {
-            matches!(base, "cpu" | "offcpu" | "faults" | "alloc" | "inuse")
-                && matches!(ext, "folded" | "svg" | "pb.gz")
+            matches!(
+                base,
+                "cpu" | "offcpu" | "faults" | "alloc" | "inuse" | crate::gpu::section::CALL_PROFILE
+            ) && matches!(ext, "folded" | "svg" | "pb.gz")
         })
 }
 

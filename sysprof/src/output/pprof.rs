@@ -140,6 +140,8 @@ enum Kind {
     Alloc,
     /// Heap bytes live at the end.
     Inuse,
+    /// Time in probed calls, in nanoseconds.
+    CallTime,
     /// Anything else, in its own unit.
     Other(String),
 }
@@ -153,6 +155,7 @@ impl Kind {
             ("faults", _) => Kind::Faults,
             ("alloc", _) => Kind::Alloc,
             ("inuse", _) => Kind::Inuse,
+            (crate::gpu::section::CALL_PROFILE, _) => Kind::CallTime,
             _ => Kind::Other(unit.to_string()),
         }
     }
@@ -166,6 +169,7 @@ impl Kind {
             Kind::Faults => vec![("faults", "count")],
             Kind::Alloc => vec![("alloc_space", "bytes")],
             Kind::Inuse => vec![("inuse_space", "bytes")],
+            Kind::CallTime => vec![("call_time", "nanoseconds")],
             Kind::Other(unit) => vec![("value", unit.as_str())],
         }
     }
