@@ -16,11 +16,11 @@ use anyhow::{Context as _, bail};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Which benchmark
-    #[arg(value_enum, default_value_t = Bench::Cpu)]
+    /// Which benchmark (all of them, and the summary table, by default)
+    #[arg(value_enum, default_value_t = Bench::All)]
     bench: Bench,
     /// Rounds (each runs every configuration once)
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 5)]
     runs: usize,
 }
 
@@ -99,7 +99,7 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
-    let runner = Runner { root, sysprof, out: &out, runs: args.runs };
+    let runner = Runner { root, sysprof, out: &out, runs: args.runs, rows: Default::default() };
     let all = args.bench == Bench::All;
     if all || args.bench == Bench::Cpu {
         runner.cpu()?;
@@ -128,7 +128,45 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     if all || args.bench == Bench::Python {
         runner.python()?;
     }
+    print_summary(&runner.rows.borrow());
     Ok(())
+}
+
+/// One line of the summary: a measure, sysprof's figure beside the peer's, and the goal.
+struct Row {
+    row: String,
+    bare: String,
+    sysprof: String,
+    peer: String,
+    /// sysprof's figure over the peer's.
+    ratio: Option<f64>,
+    goal: String,
+    holds: Option<bool>,
+}
+
+fn print_summary(rows: &[Row]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!("\nsummary (medians; ratio = sysprof / peer)");
+    println!("| row | bare | sysprof | peer | ratio | goal | holds |");
+    println!("|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            row.row,
+            row.bare,
+            row.sysprof,
+            row.peer,
+            row.ratio.map_or("-".into(), |r| format!("{r:.3}")),
+            row.goal,
+            match row.holds {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
+            }
+        );
+    }
 }
 
 struct Runner<'a> {
@@ -136,6 +174,7 @@ struct Runner<'a> {
     sysprof: &'a Path,
     out: &'a Path,
     runs: usize,
+    rows: std::cell::RefCell<Vec<Row>>,
 }
 
 impl Runner<'_> {
@@ -181,6 +220,13 @@ impl Runner<'_> {
                     perf / bare,
                     ours / perf
                 );
+                self.slowdown_row(
+                    &format!("on-CPU sampling at {hz} Hz, CPU-bound"),
+                    bare,
+                    ours,
+                    "perf record -g",
+                    perf,
+                );
             }
         }
         Ok(())
@@ -202,6 +248,7 @@ impl Runner<'_> {
         println!("\nsyscalls: getppid x 2,000,000, {} rounds, medians", self.runs);
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per syscall");
+        self.added_row(&measured, "sysprof", "syscalls: ns added per getppid", 0.2);
         Ok(())
     }
 
@@ -219,6 +266,7 @@ impl Runner<'_> {
         );
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per round trip");
+        self.added_row(&measured, "sysprof --focus sched", "context switches: ns added per round trip", 0.5);
         Ok(())
     }
 
@@ -239,6 +287,7 @@ impl Runner<'_> {
         println!("\nuprobe: probed_function x 200,000, {} rounds, medians", self.runs);
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per call");
+        self.added_row(&measured, "sysprof --func", "uprobe: ns added per probed call", 1.0);
         Ok(())
     }
 
@@ -261,6 +310,7 @@ impl Runner<'_> {
         println!("\nmalloc: malloc(64)/free pairs x 200,000, {} rounds, medians", self.runs);
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per malloc/free pair");
+        self.added_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free", 1.0);
         Ok(())
     }
 
@@ -283,6 +333,7 @@ impl Runner<'_> {
         );
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per page fault");
+        self.added_row(&measured, "sysprof --focus memory", "page faults: ns added per fault", 1.0);
         Ok(())
     }
 
@@ -346,6 +397,12 @@ impl Runner<'_> {
                 show(cost(&fp)),
                 show(ratio(&format!("perf --call-graph dwarf {hz} Hz"))),
             );
+            if let (Some(ours), Some(perf)) =
+                (find(&measured, &ours), find(&measured, &format!("perf --call-graph dwarf {hz} Hz")))
+            {
+                let row = format!("unwinding without frame pointers at {hz} Hz");
+                self.slowdown_row(&row, bare, ours, "perf --call-graph dwarf", perf);
+            }
         }
 
         // The tables of the libraries users unwind through.
@@ -385,6 +442,15 @@ impl Runner<'_> {
                  pointers only",
                 tables, fp?
             );
+            self.rows.borrow_mut().push(Row {
+                row: "--pid of python3 to attached, tables cached".into(),
+                bare: "-".into(),
+                sysprof: format!("{tables:.3} s"),
+                peer: "-".into(),
+                ratio: None,
+                goal: "< 0.5 s".into(),
+                holds: Some(tables < 0.5),
+            });
         }
         Ok(())
     }
@@ -419,13 +485,28 @@ impl Runner<'_> {
         }
         eprintln!();
         println!("{:<30} {:>22} {:>26}", "configuration", "start to command", "command exit to tool exit");
+        let mut medians = Vec::new();
         for (i, config) in configs.iter().enumerate() {
-            println!(
-                "{:<30} {:>20.3} s {:>24.3} s",
-                config.name,
-                median(&mut starts[i]),
-                median(&mut ends[i])
-            );
+            let (start, end) = (median(&mut starts[i]), median(&mut ends[i]));
+            println!("{:<30} {:>20.3} s {:>24.3} s", config.name, start, end);
+            medians.push((start, end));
+        }
+        for (row, goal, pick) in [
+            ("start: launch to the command running", 0.2, 0),
+            ("end: the command's exit to results written", 0.3, 1),
+        ] {
+            let of = |(start, end): (f64, f64)| if pick == 0 { start } else { end };
+            let ours = of(medians[0]);
+            let perf = medians.get(1).copied().map(of);
+            self.rows.borrow_mut().push(Row {
+                row: row.into(),
+                bare: "-".into(),
+                sysprof: format!("{ours:.3} s"),
+                peer: perf.map_or("-".into(), |p| format!("perf record -g {p:.3} s")),
+                ratio: perf.map(|p| ours / p),
+                goal: format!("< {goal} s"),
+                holds: Some(ours < goal),
+            });
         }
         let mut sleeper = Command::new(&sysload).args(["stamps", "120000"]).stdout(Stdio::null()).spawn()?;
         let pid = sleeper.id().to_string();
@@ -435,7 +516,17 @@ impl Runner<'_> {
         }
         let _ = sleeper.kill();
         let _ = sleeper.wait();
-        println!("sysprof --pid of a running process, start to attached: {:.3} s", median(&mut attached));
+        let attached = median(&mut attached);
+        println!("sysprof --pid of a running process, start to attached: {attached:.3} s");
+        self.rows.borrow_mut().push(Row {
+            row: "start: --pid to attached".into(),
+            bare: "-".into(),
+            sysprof: format!("{attached:.3} s"),
+            peer: "-".into(),
+            ratio: None,
+            goal: "< 0.25 s".into(),
+            holds: Some(attached < 0.25),
+        });
         Ok(())
     }
 
@@ -475,8 +566,45 @@ impl Runner<'_> {
                 show(sample_cost_ns(&self.out.join(ours.replace([' ', '-'], "_")))),
                 show(ratio(&format!("py-spy {hz} Hz"))),
             );
+            if let (Some(ours), Some(peer)) =
+                (find(&measured, &ours), find(&measured, &format!("py-spy {hz} Hz")))
+            {
+                self.slowdown_row(&format!("Python stacks at {hz} Hz"), bare, ours, "py-spy", peer);
+            }
         }
         Ok(())
+    }
+
+    /// A summary row of what the workload took: bare, under sysprof and under the peer.
+    /// The goal: sysprof slows it no more than the peer does.
+    fn slowdown_row(&self, row: &str, bare: f64, ours: f64, peer_name: &str, peer: f64) {
+        self.rows.borrow_mut().push(Row {
+            row: row.into(),
+            bare: format!("{:.3} s", bare / 1e9),
+            sysprof: format!("{:.4}x", ours / bare),
+            peer: format!("{peer_name} {:.4}x", peer / bare),
+            ratio: Some((ours - bare) / (peer - bare).max(f64::MIN_POSITIVE)),
+            goal: "added time <= the peer's".into(),
+            holds: Some(ours <= peer),
+        });
+    }
+
+    /// A summary row of what `name` adds per operation next to bpftrace; the goal is at most
+    /// `goal` times bpftrace's.
+    fn added_row(&self, measured: &[Measured], name: &str, row: &str, goal: f64) {
+        let bare = measured[0].metric;
+        let (Some(ours), Some(theirs)) = (find(measured, name), find(measured, "bpftrace")) else { return };
+        let (ours, theirs) = (ours - bare, theirs - bare);
+        let ratio = (theirs > 0.0).then(|| ours / theirs);
+        self.rows.borrow_mut().push(Row {
+            row: row.into(),
+            bare: format!("{bare:.1} ns"),
+            sysprof: format!("+{ours:.1} ns"),
+            peer: format!("bpftrace +{theirs:.1} ns"),
+            ratio,
+            goal: format!("<= {goal}x bpftrace"),
+            holds: ratio.map(|r| r <= goal),
+        });
     }
 
     fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {
