@@ -583,7 +583,9 @@ impl Runner<'_> {
             bare: format!("{:.3} s", bare / 1e9),
             sysprof: format!("{:.4}x", ours / bare),
             peer: format!("{peer_name} {:.4}x", peer / bare),
-            ratio: Some((ours - bare) / (peer - bare).max(f64::MIN_POSITIVE)),
+            // A ratio of added times only means something when the peer added some: on a
+            // noisy machine a traced run can beat the bare one.
+            ratio: (peer > bare && ours >= bare).then(|| (ours - bare) / (peer - bare)),
             goal: "added time <= the peer's".into(),
             holds: Some(ours <= peer),
         });
