@@ -631,12 +631,12 @@ fn sysprof_never_traces_itself() {
 fn check_tells_a_user_the_truth_about_tracefs_and_systemd() {
     let Some(_guard) = root_guard("check_tells_a_user_the_truth_about_tracefs_and_systemd") else { return };
     let user = test_user();
-    // tracefs mounted with mode 0700 (in a mount namespace of the test's own): a user cannot
-    // list it, but it is mounted.
+    // tracefs mounted with mode 0700 (in a mount namespace of the test's own, whatever the
+    // machine has mounted there already): a user cannot list it, but it is mounted.
     let out = Command::new("unshare")
         .args(["-m", "sh", "-c"])
         .arg(format!(
-            "mount -t tracefs -o mode=0700 tracefs /sys/kernel/tracing && exec setpriv --reuid {} --regid {} \
+            "umount /sys/kernel/tracing 2>/dev/null; mount -t tracefs -o mode=0700 tracefs /sys/kernel/tracing && exec setpriv --reuid {} --regid {} \
              --clear-groups {} check",
             user.uid,
             user.gid,
