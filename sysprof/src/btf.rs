@@ -114,12 +114,8 @@ impl<'a> TypeIndex<'a> {
     /// Byte offset of `field` in `struct name`, looking through anonymous structs and unions
     /// (randomized layouts wrap fields in one).
     fn member_offset(&self, name: &str, field: &str) -> anyhow::Result<u32> {
-        for id in 1..=self.records.len() as u32 {
-            let Some(record) = self.record(id) else { continue };
-            if record.kind == KIND_STRUCT
-                && self.name(record.name_off) == name.as_bytes()
-                && let Some(bits) = self.find_member(id, field.as_bytes(), 0)
-            {
+        for id in self.structs_named(name) {
+            if let Some(bits) = self.find_member(id, field.as_bytes(), 0) {
                 if bits % 8 != 0 {
                     bail!("{name}.{field} is a bitfield");
                 }
@@ -127,6 +123,13 @@ impl<'a> TypeIndex<'a> {
             }
         }
         bail!("struct {name} has no field {field} in kernel BTF")
+    }
+
+    /// The ids of the structs called `name` (a kernel may have several).
+    fn structs_named<'s>(&'s self, name: &'s str) -> impl Iterator<Item = u32> + 's {
+        (1..=self.records.len() as u32).filter(move |&id| {
+            self.record(id).is_some_and(|r| r.kind == KIND_STRUCT && self.name(r.name_off) == name.as_bytes())
+        })
     }
 
     /// Bit offset of `field` in the struct or union `id`.
@@ -187,13 +190,19 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn task_struct_offsets_from_the_running_kernel() {
+    /// The running kernel's BTF, which CI machines have; elsewhere the test says it skipped.
+    fn running_kernel_btf() -> Option<PathBuf> {
         let path = vmlinux_btf_path();
         if !path.exists() && std::env::var_os("CI").is_none() {
             eprintln!("skipped: no kernel BTF at {}", path.display());
-            return;
+            return None;
         }
+        Some(path)
+    }
+
+    #[test]
+    fn task_struct_offsets_from_the_running_kernel() {
+        let Some(path) = running_kernel_btf() else { return };
         let offsets = TaskOffsets::from_btf(&path).unwrap();
         // pid and tgid are adjacent pid_t fields in every kernel since 2.6.
         assert_eq!(offsets.tgid, offsets.pid + 4);
@@ -204,11 +213,7 @@ mod tests {
     /// the programs and their neighbours use, nested anonymous members included.
     #[test]
     fn member_offsets_agree_with_btf_rs() {
-        let path = vmlinux_btf_path();
-        if !path.exists() && std::env::var_os("CI").is_none() {
-            eprintln!("skipped: no kernel BTF at {}", path.display());
-            return;
-        }
+        let Some(path) = running_kernel_btf() else { return };
         let bytes = std::fs::read(&path).unwrap();
         let ours = TypeIndex::new(&bytes).unwrap();
         let theirs = btf_rs::Btf::from_bytes(&bytes).unwrap();
@@ -249,12 +254,7 @@ mod tests {
 
     impl TypeIndex<'_> {
         fn find_member_in_struct(&self, name: &str, field: &str) -> Option<u32> {
-            (1..=self.records.len() as u32).find_map(|id| {
-                let record = self.record(id)?;
-                (record.kind == KIND_STRUCT && self.name(record.name_off) == name.as_bytes())
-                    .then(|| self.find_member(id, field.as_bytes(), 0))
-                    .flatten()
-            })
+            self.structs_named(name).find_map(|id| self.find_member(id, field.as_bytes(), 0))
         }
     }
 

@@ -104,7 +104,8 @@ impl CallNames {
     }
 }
 
-fn sample(tgid: u32, user_stack_id: i32) -> StackSample {
+/// A call's user stack as a sample, weighing nothing until the caller says.
+pub(crate) fn sample(tgid: u32, user_stack_id: i32) -> StackSample {
     StackSample {
         tgid,
         tid: tgid,

@@ -393,10 +393,9 @@ impl Probes {
         };
         let mut wanted: Vec<(&Preload, &mut aya::programs::Program)> = Vec::new();
         for (name, program) in self.ebpf.programs_mut() {
+            // Families share programs: the first naming one is enough.
             let spec = programs.iter().find(|p| p.program() == name);
-            if let Some(spec) =
-                spec.filter(|_| program.fd().is_err() && !wanted.iter().any(|(w, _)| w.program() == name))
-            {
+            if let Some(spec) = spec.filter(|_| program.fd().is_err()) {
                 wanted.push((spec, program));
             }
         }

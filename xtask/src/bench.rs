@@ -442,15 +442,7 @@ impl Runner<'_> {
                  pointers only",
                 tables, fp?
             );
-            self.rows.borrow_mut().push(Row {
-                row: "--pid of python3 to attached, tables cached".into(),
-                bare: "-".into(),
-                sysprof: format!("{tables:.3} s"),
-                peer: "-".into(),
-                ratio: None,
-                goal: "< 0.5 s".into(),
-                holds: Some(tables < 0.5),
-            });
+            self.seconds_row("--pid of python3 to attached, tables cached", tables, None, 0.5);
         }
         Ok(())
     }
@@ -496,17 +488,8 @@ impl Runner<'_> {
             ("end: the command's exit to results written", 0.3, 1),
         ] {
             let of = |(start, end): (f64, f64)| if pick == 0 { start } else { end };
-            let ours = of(medians[0]);
-            let perf = medians.get(1).copied().map(of);
-            self.rows.borrow_mut().push(Row {
-                row: row.into(),
-                bare: "-".into(),
-                sysprof: format!("{ours:.3} s"),
-                peer: perf.map_or("-".into(), |p| format!("perf record -g {p:.3} s")),
-                ratio: perf.map(|p| ours / p),
-                goal: format!("< {goal} s"),
-                holds: Some(ours < goal),
-            });
+            let perf = medians.get(1).copied().map(|m| ("perf record -g", of(m)));
+            self.seconds_row(row, of(medians[0]), perf, goal);
         }
         let mut sleeper = Command::new(&sysload).args(["stamps", "120000"]).stdout(Stdio::null()).spawn()?;
         let pid = sleeper.id().to_string();
@@ -518,15 +501,7 @@ impl Runner<'_> {
         let _ = sleeper.wait();
         let attached = median(&mut attached);
         println!("sysprof --pid of a running process, start to attached: {attached:.3} s");
-        self.rows.borrow_mut().push(Row {
-            row: "start: --pid to attached".into(),
-            bare: "-".into(),
-            sysprof: format!("{attached:.3} s"),
-            peer: "-".into(),
-            ratio: None,
-            goal: "< 0.25 s".into(),
-            holds: Some(attached < 0.25),
-        });
+        self.seconds_row("start: --pid to attached", attached, None, 0.25);
         Ok(())
     }
 
@@ -573,6 +548,20 @@ impl Runner<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A summary row of a time sysprof takes (its start, its end), beside the peer's when there
+    /// is one; the goal: under `limit` seconds.
+    fn seconds_row(&self, row: &str, seconds: f64, peer: Option<(&str, f64)>, limit: f64) {
+        self.rows.borrow_mut().push(Row {
+            row: row.into(),
+            bare: "-".into(),
+            sysprof: format!("{seconds:.3} s"),
+            peer: peer.map_or("-".into(), |(name, p)| format!("{name} {p:.3} s")),
+            ratio: peer.map(|(_, p)| seconds / p),
+            goal: format!("< {limit} s"),
+            holds: Some(seconds < limit),
+        });
     }
 
     /// A summary row of what the workload took: bare, under sysprof and under the peer.

@@ -8,9 +8,10 @@ use super::{
     functions,
     report::{self, GpuReport},
 };
-use sysprof_common::{CallKey, CallStats, stack};
+use sysprof_common::{CallKey, CallStats};
 
 use crate::{
+    callsites,
     family::{Analysis, Family},
     latency::format_ns,
     output::markdown::{escape, table},
@@ -57,13 +58,8 @@ fn call_profile(calls: &[(CallKey, CallStats)], cx: &Analysis<'_>) -> StackProfi
     let samples: Vec<StackSample> = calls
         .iter()
         .map(|(key, stats)| StackSample {
-            tgid: key.tgid,
-            tid: key.tgid,
-            user_stack_id: key.user_stack_id,
-            kernel_stack_id: stack::NONE,
-            comm: None,
             weight: stats.latency.total_ns,
-            tag: 0,
+            ..callsites::sample(key.tgid, key.user_stack_id)
         })
         .collect();
     profile::build(&samples, cx.names.stacks(), cx.processes, "ns", |_, _| None)
