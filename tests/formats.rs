@@ -183,6 +183,8 @@ fn a_saved_run_renders_again_without_tracing() {
     let read = |d: &Path, name: &str| std::fs::read_to_string(d.join(name)).unwrap();
     assert_eq!(read(again.path(), "report.md"), read(dir.path(), "report.md"));
     assert_eq!(read(again.path(), "cpu.folded"), read(dir.path(), "cpu.folded"));
+    let bytes = |d: &Path, name: &str| std::fs::read(d.join(name)).unwrap();
+    assert_eq!(bytes(again.path(), "timeline.pftrace"), bytes(dir.path(), "timeline.pftrace"));
     // Kept to the CPU family: its section and profile, nothing of the scheduler's.
     let focused = output_dir();
     let rendered = sysprof()
@@ -332,4 +334,108 @@ fn the_live_heap_is_a_pprof_of_the_bytes_still_allocated() {
     };
     assert_eq!(through("keep_known_blocks"), 50 * 4096);
     assert_eq!(through("allocate_known_sizes"), 0);
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_timeline_shows_each_thread_its_samples_waits_and_slow_calls() {
+    let Some(_guard) = root_guard("the_timeline_shows_each_thread_its_samples_waits_and_slow_calls") else {
+        return;
+    };
+    // One second of burn_hot/burn_cold, then three sleeps of 100 ms in sleep_in_named_function.
+    let script =
+        format!("{} 1 1 && {} sleep 3 100", workload("busy").display(), workload("sysload").display());
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "-F", "199", "-o"])
+        .arg(dir.path())
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    let trace = dir.path().join("timeline.pftrace");
+    assert!(trace.is_file(), "no timeline.pftrace");
+    let Some(summary) = perfetto_summary(&trace) else { return };
+
+    // Placed in time: the kernel's clock, with boot time and wall-clock time beside it.
+    assert_eq!(summary["clocks"], serde_json::json!([1, 3, 6]), "realtime, monotonic, boottime");
+    assert_eq!(summary["sequence_cleared"], true);
+    assert_eq!(summary["unclosed"], 0, "every slice that begins ends");
+    let tracks = summary["tracks"].as_array().unwrap();
+    let thread = |name: &str| {
+        tracks
+            .iter()
+            .find(|t| t["kind"] == "thread" && t["name"] == name)
+            .unwrap_or_else(|| panic!("no thread track named {name}: {tracks:?}"))
+    };
+    let busy = thread("busy");
+    let sysload = thread("sysload");
+    assert!(
+        tracks.iter().any(|t| t["kind"] == "process" && t["pid"] == busy["pid"] && t["name"] == "busy"),
+        "{tracks:?}"
+    );
+
+    // Every on-CPU sample is on the timeline, as many as cpu.folded counts, and busy's hottest
+    // leaf is burn_hot.
+    let samples = summary["samples"].as_object().unwrap();
+    let on_timeline: u64 = samples
+        .values()
+        .flat_map(|leaves| leaves.as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(on_timeline, folded_total(&dir.path().join("cpu.folded")));
+    let busy_leaves = samples[&busy["tid"].to_string()].as_object().unwrap();
+    let hottest = busy_leaves.iter().max_by_key(|(_, n)| n.as_u64()).unwrap();
+    assert_eq!(hottest.0, "burn_hot", "{busy_leaves:?}");
+
+    // sysload's three sleeps: off-CPU slices of at least 100 ms each, the reason in the name,
+    // where it blocked in an annotation and its stack, under the thread's process.
+    let slices = summary["slices"].as_array().unwrap();
+    let on_track_of = |thread: &serde_json::Value, what: &str| -> Vec<&serde_json::Value> {
+        let track = tracks
+            .iter()
+            .find(|t| {
+                t["kind"] == "named"
+                    && t["name"] == format!("{} {}: {what}", thread["name"].as_str().unwrap(), thread["tid"])
+            })
+            .unwrap_or_else(|| panic!("no {what} track for {thread}: {tracks:?}"));
+        slices.iter().filter(|s| s["track"] == track["uuid"]).collect()
+    };
+    let sleeps: Vec<_> =
+        on_track_of(sysload, "off-CPU").into_iter().filter(|s| s["name"] == "off-CPU: sleep").collect();
+    assert_eq!(sleeps.len(), 3, "{sleeps:?}");
+    // The first sleep starts within a millisecond of the dynamic loader mapping libc, which
+    // may be before sysprof has read that mapping: that one's stack may skip the function.
+    let mut named = 0;
+    for sleep in &sleeps {
+        assert!(sleep["ns"].as_u64().unwrap() >= 100_000_000, "{sleep}");
+        let stack: Vec<&str> = sleep["stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+        assert!(stack.contains(&"main") && stack.last() == Some(&"__schedule"), "{stack:?}");
+        if let Some(at) = stack.iter().position(|f| *f == "sleep_in_named_function") {
+            assert!(stack[..at].contains(&"main"), "{stack:?}");
+            assert!(
+                sleep["args"]["blocked in"].as_str().unwrap().starts_with("sleep_in_named_function"),
+                "{sleep}"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 2, "{sleeps:?}");
+    // ... and the system calls they were: at least as long.
+    let calls: Vec<_> = on_track_of(sysload, "slow syscalls")
+        .into_iter()
+        .filter(|s| s["name"] == "clock_nanosleep" || s["name"] == "nanosleep")
+        .collect();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls.iter().all(|c| c["ns"].as_u64().unwrap() >= 100_000_000 && c["args"]["returned"] == "0"));
+
+    // The processes' resident memory is a counter track.
+    let memory: Vec<_> =
+        tracks.iter().filter(|t| t["kind"] == "counter" && t["name"] == "resident memory").collect();
+    assert!(!memory.is_empty(), "{tracks:?}");
+    let values = &summary["counters"][memory[0]["uuid"].to_string()];
+    assert!(
+        values.as_array().is_some_and(|v| !v.is_empty() && v.iter().all(|x| x.as_f64().unwrap() > 0.0)),
+        "{values}"
+    );
 }

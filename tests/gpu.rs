@@ -62,7 +62,7 @@ fn real_libraries_report_the_exact_arguments_and_return_codes() {
     let Some(libs) = nvidia_libraries("real_libraries_report_the_exact_arguments_and_return_codes") else {
         return;
     };
-    let (_dir, report, stdout) = trace_with(&libs, &["--focus", "gpu"], &gpu_app(), &["api"]);
+    let (dir, report, stdout) = trace_with(&libs, &["--focus", "gpu"], &gpu_app(), &["api"]);
     let gpu = &report["gpu"];
     let libraries: Vec<&str> =
         gpu["libraries"].as_array().unwrap().iter().map(|l| l["library"].as_str().unwrap()).collect();
@@ -127,6 +127,36 @@ fn real_libraries_report_the_exact_arguments_and_return_codes() {
         assert_eq!(op_row["calls"], 1, "{op}");
         assert_eq!(op_row["errors"], 1, "{op}");
         assert_eq!(op_row["datatypes"][datatype], 1, "{op}");
+    }
+
+    // The timeline: each call a slice on the thread that made it, with what it moved and
+    // where it was called from.
+    if let Some(timeline) = perfetto_summary(&dir.path().join("timeline.pftrace")) {
+        let tracks = timeline["tracks"].as_array().unwrap();
+        let thread =
+            tracks.iter().find(|t| t["kind"] == "thread" && t["name"] == "gpu_app").expect("gpu_app's track");
+        let calls: Vec<&Value> =
+            timeline["slices"].as_array().unwrap().iter().filter(|s| s["track"] == thread["uuid"]).collect();
+        let named = |name: &str| calls.iter().filter(|s| s["name"] == name).collect::<Vec<_>>();
+        let copies = named("cudaMemcpy");
+        let mut moved: Vec<(u64, &str)> = copies
+            .iter()
+            .map(|s| (s["args"]["bytes"].as_u64().unwrap(), s["args"]["direction"].as_str().unwrap()))
+            .collect();
+        moved.sort();
+        assert_eq!(moved, [(4096, "H2D"), (8192, "H2D"), (12288, "D2H"), (16384, "D2D"), (20480, "H2H")]);
+        assert!(
+            copies
+                .iter()
+                .all(|s| s["args"]["call site"] == "api_calls (gpu_app)" && s["args"]["result"] == "failed")
+        );
+        let launches = named("cudaLaunchKernel");
+        assert_eq!(launches.len(), 5, "{calls:?}");
+        assert!(launches.iter().all(|s| s["args"]["kernel"] == "vector_add_kernel_stub"), "{launches:?}");
+        assert_eq!(named("ncclAllReduce")[0]["args"]["bytes"], 1024 * 4);
+        let stack: Vec<&str> =
+            copies[0]["stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+        assert!(stack.ends_with(&["main", "api_calls", "cudaMemcpy"]), "{stack:?}");
     }
     assert_no_sysprof_programs();
 }
@@ -220,6 +250,13 @@ fn func_times_any_function_with_exact_counts() {
     assert_eq!(function["callers"][0][0], "burn_rounds (busy)");
     let p50 = function["latency"]["p50_ns"].as_u64().unwrap();
     assert!(p50 > 1_000, "burn_cold takes microseconds: p50 {p50} ns");
+    // On the timeline: every call a slice on busy's thread, named by the function.
+    if let Some(timeline) = perfetto_summary(&dir.path().join("timeline.pftrace")) {
+        let calls: Vec<&Value> =
+            timeline["slices"].as_array().unwrap().iter().filter(|s| s["name"] == "burn_cold").collect();
+        assert_eq!(calls.len(), 500);
+        assert!(calls.iter().all(|s| s["args"]["call site"] == "burn_rounds (busy)"), "{:?}", calls[0]);
+    }
 
     let dir = output_dir();
     let out = sysprof()

@@ -496,7 +496,10 @@ fn an_earlier_runs_files_are_removed_and_only_those() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["cpu.folded", "cpu.pb.gz", "cpu.svg", "notes.txt", "report.json", "report.md"]);
+    assert_eq!(
+        names,
+        ["cpu.folded", "cpu.pb.gz", "cpu.svg", "notes.txt", "report.json", "report.md", "timeline.pftrace"]
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("sysprof: removed the files of an earlier run that this one did not write: offcpu.folded, offcpu.svg, faults.folded, faults.svg") || stderr.contains("removed the files of an earlier run"), "{stderr}");
 }

@@ -30,6 +30,7 @@ pub mod python;
 mod sched;
 pub mod signals;
 mod syscalls;
+pub mod timeline;
 pub mod unwind;
 
 pub use self::{
@@ -220,7 +221,9 @@ pub struct Config {
     /// Offset of `thread.fsbase` in `task_struct` (x86_64), from BTF: where the Python
     /// walker finds `pthread_self()` of 3.10's threads. 0 when unknown.
     pub task_fsbase_offset: u32,
-    pub _pad: u32,
+    /// The timeline (`timeline.rs`): 0 off; else the shortest wait off the CPU and system call
+    /// it records, in microseconds (samples and probed calls are recorded whatever their length).
+    pub timeline_min_us: u32,
 }
 shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 14 * 4);
 
@@ -277,13 +280,16 @@ pub enum Counter {
     FaultStacksLost = 13,
     /// Waits whose waker was not kept (`WAKES` full): the who-woke-whom table is of the rest.
     WakesLost = 14,
+    /// Timeline events dropped because its ring buffer was full (the timeline only: every
+    /// figure comes from the aggregated maps).
+    TimelineLost = 15,
 }
 
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 15] = [
+    pub const ALL: [Counter; 16] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -299,6 +305,7 @@ impl Counter {
         Counter::AllocsLost,
         Counter::FaultStacksLost,
         Counter::WakesLost,
+        Counter::TimelineLost,
     ];
 }
 

@@ -18,11 +18,16 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use sysprof_common::{
-    CallEvent, CallKey, CallStats, Counter, call, call::memcpy3d, call::memcpy3d_offsets, capacity,
+    CallEvent, CallKey, CallStats, Counter, call,
+    call::memcpy3d,
+    call::memcpy3d_offsets,
+    capacity,
+    timeline::{TimelineEvent, kind as timeline_kind},
 };
 
 use crate::{
-    counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage, window,
+    counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage, timeline,
+    window,
 };
 
 #[map]
@@ -105,6 +110,19 @@ pub fn call_return(ctx: RetProbeContext) -> u32 {
     count_call(&key, duration, failed);
     if state.cookie & call::EVENT != 0 {
         send_event(state, &key, pid_tgid as u32, ret, duration, failed);
+    } else if timeline::on() {
+        // A call with an event of its own is on the timeline through it.
+        timeline::record(TimelineEvent {
+            kind: timeline_kind::CALL,
+            tgid: key.tgid,
+            tid: pid_tgid as u32,
+            detail: key.func,
+            start_ns: state.start_ns,
+            end_ns: now,
+            mark_ns: key.detail,
+            user_stack_id: state.user_stack_id,
+            kernel_stack_id: sysprof_common::stack::NONE,
+        });
     }
     0
 }

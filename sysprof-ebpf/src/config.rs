@@ -26,7 +26,7 @@ static CONFIG: Config = Config {
     nr_exit: u32::MAX,
     nr_exit_group: u32::MAX,
     task_fsbase_offset: 0,
-    _pad: 0,
+    timeline_min_us: 0,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

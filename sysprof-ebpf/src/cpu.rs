@@ -3,14 +3,17 @@
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::{map, perf_event},
     maps::HashMap,
     programs::PerfEventContext,
 };
-use sysprof_common::{Counter, SampleKey, TASK_COMM_LEN, capacity};
+use sysprof_common::{
+    Counter, SampleKey, TASK_COMM_LEN, capacity,
+    timeline::{TimelineEvent, kind as timeline_kind},
+};
 
-use crate::{atomic, counters, maps::cpu_stack_id, target, window};
+use crate::{atomic, counters, maps::cpu_stack_id, target, timeline, window};
 
 /// Sample counts per key.
 #[map]
@@ -39,6 +42,21 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
     counters::add(Counter::CpuSamples, 1);
     if !increment(&key) {
         counters::add(Counter::CpuSamplesLost, 1);
+    }
+    if timeline::on() {
+        // SAFETY: plain helper calls.
+        let (now, cpu) = unsafe { (bpf_ktime_get_ns(), bpf_get_smp_processor_id()) };
+        timeline::record(TimelineEvent {
+            kind: timeline_kind::SAMPLE,
+            tgid,
+            tid: key.tid,
+            detail: cpu,
+            start_ns: now,
+            end_ns: now,
+            mark_ns: 0,
+            user_stack_id: key.user_stack_id,
+            kernel_stack_id: key.kernel_stack_id,
+        });
     }
 }
 

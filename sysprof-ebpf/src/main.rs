@@ -31,6 +31,7 @@ mod signals;
 mod syscalls;
 mod target;
 mod task_state;
+mod timeline;
 mod unwind;
 mod window;
 

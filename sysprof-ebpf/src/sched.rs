@@ -18,6 +18,7 @@ use aya_ebpf::{
 use sysprof_common::{
     Counter, LatencyHistogram, OffCpuKey, OffCpuValue, TASK_COMM_LEN, TASK_REPORT_MAX, ThreadSched, WakeKey,
     capacity, stack,
+    timeline::{TimelineEvent, kind as timeline_kind},
 };
 
 use crate::{
@@ -28,7 +29,7 @@ use crate::{
     maps::stack_id,
     syscalls, target,
     task_state::{TARGET, TASK_STATE, TaskState},
-    window,
+    timeline, window,
 };
 
 #[map]
@@ -177,6 +178,19 @@ fn switch_in(next: *mut task_struct, now: u64) {
         // off-CPU time and its reasons agree.
         if let Some(thread) = thread_sched(state, true) {
             thread.offcpu_ns += now.saturating_sub(from);
+        }
+        if timeline::long_enough(now.saturating_sub(from)) {
+            timeline::record(TimelineEvent {
+                kind: timeline_kind::OFF_CPU,
+                tgid: state.tgid,
+                tid: state.tid,
+                detail: state.offcpu_state,
+                start_ns: from,
+                end_ns: now,
+                mark_ns: if woken < now { woken } else { 0 },
+                user_stack_id: state.offcpu_user_stack,
+                kernel_stack_id: state.offcpu_kernel_stack,
+            });
         }
     }
     if runnable_since != 0 {

@@ -26,12 +26,13 @@ use aya_ebpf::{
 };
 use sysprof_common::{
     Counter, InFlight, PENDING_COUNTS, SyscallErrorKey, SyscallKey, SyscallSlot as Slot, SyscallStats,
-    capacity,
+    capacity, stack,
+    timeline::{TimelineEvent, kind as timeline_kind},
 };
 
 use crate::{
     atomic, config::config, counters, histogram::record_weighted, memory, target, task_state::TASK_STATE,
-    window,
+    timeline, window,
 };
 
 #[map]
@@ -147,7 +148,7 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
     if call.nr == config().nr_mmap && !(-4095..0).contains(&ret) && call.args[2] & PROT_EXEC != 0 {
         crate::process::executable_mapped(call.tgid);
     }
-    record_call(slot, &call, ret);
+    record_call(slot, &call, tid, ret);
     0
 }
 
@@ -185,7 +186,7 @@ pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct, now:
 }
 
 #[inline(always)]
-fn record_call(slot: &mut Slot, call: &InFlight, ret: i64) {
+fn record_call(slot: &mut Slot, call: &InFlight, tid: u32, ret: i64) {
     let failed = (-MAX_ERRNO..0).contains(&ret);
     if call.start_ns == 0 && !failed {
         count_pending(slot, call.tgid, call.nr);
@@ -201,10 +202,24 @@ fn record_call(slot: &mut Slot, call: &InFlight, ret: i64) {
     atomic::add(&raw mut stats.calls, 1);
     if call.start_ns != 0 {
         // SAFETY: plain helper call.
-        let latency = unsafe { bpf_ktime_get_ns() }.saturating_sub(call.start_ns);
+        let now = unsafe { bpf_ktime_get_ns() };
+        let latency = now.saturating_sub(call.start_ns);
         let timed = if call.from_block != 0 { &raw mut stats.timed_from_block } else { &raw mut stats.timed };
         atomic::add(timed, 1);
         record_weighted(&mut stats.latency, latency, call.weight);
+        if timeline::long_enough(latency) {
+            timeline::record(TimelineEvent {
+                kind: timeline_kind::SYSCALL,
+                tgid: call.tgid,
+                tid,
+                detail: call.nr,
+                start_ns: call.start_ns,
+                end_ns: now,
+                mark_ns: ret as u64,
+                user_stack_id: stack::NONE,
+                kernel_stack_id: stack::NONE,
+            });
+        }
     }
     if failed {
         atomic::add(&raw mut stats.errors, 1);

@@ -24,6 +24,7 @@ use crate::{
     },
     selfcost,
     symbolize::Symbolizer,
+    timeline::{self, Timeline, TimelineStacks},
 };
 
 /// What the pipeline itself reads of the maps, beside the families: the counters, and the
@@ -33,6 +34,8 @@ pub(crate) struct Shared {
     counters: Counters,
     calls: Vec<(CallKey, CallStats)>,
     call_stacks: HashMap<u32, Vec<u64>>,
+    /// The timeline's stacks: its samples' (`CPU_STACKS`) and its waits' (`STACKS`).
+    timeline_stacks: Option<TimelineStacks>,
 }
 
 /// Reads every map the run filled: each family's, then the shared ones (the same reads, live
@@ -42,6 +45,7 @@ pub(crate) fn read(
     props: &ReportProps,
     families: &mut [Box<dyn Family>],
     gpu: Option<&GpuState>,
+    timeline: Option<&Timeline>,
 ) -> anyhow::Result<Shared> {
     let counters = Counters::read(maps)?;
     for family in families.iter_mut() {
@@ -57,7 +61,17 @@ pub(crate) fn read(
         stack_ids.extend(gpu.h2d.iter().filter_map(|c| u32::try_from(c.user_stack_id).ok()));
     }
     let call_stacks = maps.stacks(names::STACKS, &stack_ids)?;
-    Ok(Shared { counters, calls, call_stacks })
+    let timeline_stacks = match timeline {
+        Some(timeline) => {
+            let (samples, waits) = timeline::stack_ids(timeline);
+            Some(TimelineStacks {
+                samples: maps.stacks(names::CPU_STACKS, &samples)?,
+                waits: maps.stacks(names::STACKS, &waits)?,
+            })
+        }
+        None => None,
+    };
+    Ok(Shared { counters, calls, call_stacks, timeline_stacks })
 }
 
 /// Every process the families' read-outs name, for the process table to know them all before
@@ -86,7 +100,8 @@ pub(crate) fn replay_keeping(
     let gpu_state = recording.calls.gpu.as_ref().map(|gpu| GpuState::replay(&gpu.events)).transpose()?;
     let mut families = families::enabled(&recording.props);
     let mut maps = MapReader::replay(&recording.maps);
-    let shared = read(&mut maps, &recording.props, &mut families, gpu_state.as_ref())?;
+    let shared =
+        read(&mut maps, &recording.props, &mut families, gpu_state.as_ref(), recording.timeline.as_ref())?;
     let mut processes =
         ProcessTable::from_records(recording.processes.iter().cloned(), recording.memory_interval);
     let mut symbolizer = Symbolizer::replay(recording.symbols.clone());
@@ -152,6 +167,20 @@ pub(crate) fn analyze(
     let facts = profile_facts(recording, &profiles, processes, symbolizer.reads_files());
     for StackFile { name, title, profile } in &profiles {
         files.extend(output::render(&Artifact::Stacks { name, title, profile, facts: &facts })?);
+    }
+    if let (Some(timeline), Some(stacks)) = (&recording.timeline, &shared.timeline_stacks) {
+        let (file, notes) = timeline::write(
+            timeline,
+            stacks,
+            &names,
+            recording,
+            gpu_state,
+            processes,
+            symbolizer,
+            &shared.counters,
+        );
+        files.push(file);
+        limitations.extend(notes);
     }
     let mut outputs: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
     outputs.extend(["report.md".to_string(), "report.json".to_string()]);

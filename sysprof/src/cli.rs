@@ -178,6 +178,12 @@ pub struct TraceArgs {
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_memory_interval)]
     pub memory_interval: Duration,
 
+    /// Events timeline.pftrace keeps at most (samples, waits off the CPU and system calls of
+    /// 100 µs or more, probed calls): past it the shortest waits and calls go first, then samples
+    /// are thinned, and the report says so. 0: no timeline
+    #[arg(long, value_name = "N", default_value_t = crate::timeline::DEFAULT_EVENTS)]
+    pub timeline_events: usize,
+
     /// Time a function of the target: BIN is a path, or the name of a binary or library the
     /// target maps (repeatable)
     #[arg(long = "func", value_name = "BIN:SYMBOL")]
@@ -250,6 +256,7 @@ impl TraceArgs {
             stack_storage_size: self.stack_storage_size,
             unwind_memory_mib: self.unwind_memory,
             time_every_syscall: self.time_every_syscall,
+            timeline_events: self.timeline_events,
             gpu_libraries: self.cuda_lib.iter().chain(&self.nccl_lib).cloned().collect(),
             functions: self.funcs.clone(),
             gpu_interval: self.gpu_interval,

@@ -351,6 +351,7 @@ pub async fn collect(
     probes: &mut Probes,
     events: RingBuf<MapData>,
     calls: &mut UprobeTracers,
+    mut timeline: Option<&mut crate::timeline::Collector>,
     processes: &mut ProcessTable,
     mut unwinder: Option<&mut Unwinder>,
     mut plan: StopPlan,
@@ -423,6 +424,9 @@ pub async fn collect(
                 }
             }
             _ = tick.tick() => {
+                if let Some(timeline) = timeline.as_deref_mut() {
+                    timeline.drain();
+                }
                 processes.rescan_due();
                 processes.sample_memory_due();
                 calls.attach_new(probes, processes);

@@ -113,6 +113,8 @@ pub struct TraceConfig {
     pub malloc: bool,
     /// How often each target's memory (RSS, swap) is read.
     pub memory_interval: Duration,
+    /// Events the timeline keeps (`--timeline-events`); 0: no timeline.
+    pub timeline_events: usize,
     /// Probe families to attach; empty means all that apply.
     pub focus: Vec<Family>,
     pub output_dir: PathBuf,
@@ -145,6 +147,7 @@ impl TraceConfig {
             nvml_library: None,
             malloc: false,
             memory_interval: Duration::from_millis(250),
+            timeline_events: crate::timeline::DEFAULT_EVENTS,
             focus: Vec::new(),
             output_dir: PathBuf::from("profile_output"),
             quiet: false,

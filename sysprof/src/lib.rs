@@ -58,6 +58,7 @@ pub(crate) mod symbolize;
 pub mod syscalls;
 pub mod target;
 pub mod terminal;
+mod timeline;
 pub mod trace;
 pub mod unwind;
 pub(crate) mod uprobes;

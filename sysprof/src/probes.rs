@@ -550,19 +550,18 @@ impl Probes {
 
     /// The ring buffer of call events, for the collector to own.
     pub fn take_call_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
-        let map = self
-            .ebpf
-            .take_map(names::CALL_EVENTS)
-            .with_context(|| format!("map {} missing from the BPF object", names::CALL_EVENTS))?;
-        Ok(RingBuf::try_from(map)?)
+        self.take_ring(names::CALL_EVENTS)
     }
 
     /// The ring buffer of process events, for the collector to own.
     pub fn take_process_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
-        let map = self
-            .ebpf
-            .take_map(names::PROCESS_EVENTS)
-            .with_context(|| format!("map {} missing from the BPF object", names::PROCESS_EVENTS))?;
+        self.take_ring(names::PROCESS_EVENTS)
+    }
+
+    /// The ring buffer `name`, for whoever drains it to own.
+    pub fn take_ring(&mut self, name: &str) -> anyhow::Result<RingBuf<MapData>> {
+        let map =
+            self.ebpf.take_map(name).with_context(|| format!("map {name} missing from the BPF object"))?;
         Ok(RingBuf::try_from(map)?)
     }
 

@@ -40,6 +40,9 @@ pub struct Recording {
     /// What each address resolved to (empty until the analysis symbolized them).
     pub symbols: Symbols,
     pub calls: CallOutcome,
+    /// The timeline's events, when it was on.
+    #[serde(default)]
+    pub timeline: Option<crate::timeline::Timeline>,
     /// NVML polls and the topology, when NVML was there.
     pub nvml: Option<(Vec<nvml::Sample>, nvml::topology::Topology)>,
     /// The programs' run-time statistics (measured in windows), and whether the kernel kept any.

@@ -41,14 +41,25 @@ pub(crate) struct Results {
     pub limitations: Vec<String>,
     pub end: crate::collect::TraceEnd,
     pub tracers: UprobeTracers,
+    /// What the timeline kept, when it was on.
+    pub timeline: Option<crate::timeline::Timeline>,
     /// NVML polls and the topology, when NVML was there.
     pub nvml_samples: Option<(Vec<crate::gpu::nvml::Sample>, crate::gpu::nvml::topology::Topology)>,
 }
 
 impl Results {
     pub(crate) fn deliver(self) -> anyhow::Result<TraceOutcome> {
-        let Results { props, probes, mut processes, mut output, mut limitations, end, tracers, nvml_samples } =
-            self;
+        let Results {
+            props,
+            probes,
+            mut processes,
+            mut output,
+            mut limitations,
+            end,
+            tracers,
+            timeline,
+            nvml_samples,
+        } = self;
         let mut probes = probes;
         let (started_at, elapsed) = (end.started_at, end.elapsed);
         // Read everything, then start detaching: the probes go before the slow stages
@@ -56,7 +67,7 @@ impl Results {
         let mut families = families::enabled(&props);
         let gpu_state = tracers.gpu.as_ref().map(|gpu| &gpu.state);
         let mut maps = MapReader::live(&probes, props.save_readout);
-        let shared = analysis::read(&mut maps, &props, &mut families, gpu_state)?;
+        let shared = analysis::read(&mut maps, &props, &mut families, gpu_state, timeline.as_ref())?;
         let maps = maps.into_contents();
         let costs = crate::selfcost::since(probes.costs(), &end.stats_baseline);
         let stats_available = probes.stats_available();
@@ -109,6 +120,7 @@ impl Results {
             memory_interval: processes.memory_interval(),
             symbols: Symbols::default(),
             calls: outcome,
+            timeline,
             nvml: nvml_samples,
             costs,
             stats_available,
@@ -433,6 +445,12 @@ fn print_summary(
         stderr_line(format_args!(
             "Open {dir}/cpu.svg in a browser; read {dir}/report.md for the hotspots and what to change first."
         ));
+        if written.written.iter().any(|f| f == crate::timeline::FILE_NAME) {
+            stderr_line(format_args!(
+                "The timeline: open {dir}/{} at ui.perfetto.dev.",
+                crate::timeline::FILE_NAME
+            ));
+        }
     } else {
         stderr_line(format_args!(
             "No on-CPU samples of the target: it did not run on a CPU while traced. See {dir}/report.md."

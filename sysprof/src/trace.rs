@@ -29,6 +29,7 @@ use crate::{
     results::{Results, TraceOutcome},
     target::{self, ResolvedTarget},
     terminal::say,
+    timeline,
     unwind::Unwinder,
 };
 
@@ -165,7 +166,7 @@ fn kernel_config(
         nr_exit: u32::MAX,
         nr_exit_group: u32::MAX,
         task_fsbase_offset: offsets.fsbase,
-        _pad: 0,
+        timeline_min_us: if config.timeline_events > 0 { crate::timeline::MIN_SLICE_US } else { 0 },
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
@@ -241,6 +242,10 @@ async fn run(
     if tracers.gpu.is_some() || !tracers.funcs.is_empty() {
         tracers.events = Some(probes.take_call_events()?);
     }
+    let mut timeline = match config.timeline_events {
+        0 => None,
+        events => Some(timeline::Collector::new(probes.take_ring(sysprof_common::timeline::EVENTS)?, events)),
+    };
     if resolved.filter == filter::TARGETS {
         for &pid in &resolved.pids {
             probes.add_target_process(pid)?;
@@ -358,6 +363,7 @@ async fn run(
             &mut probes,
             events,
             &mut tracers,
+            timeline.as_mut(),
             &mut processes,
             unwinder.as_mut(),
             plan,
@@ -402,7 +408,9 @@ async fn run(
         stats_coverage,
         stats_baseline,
     };
-    let results = Results { props, probes, processes, output, limitations, end, tracers, nvml_samples };
+    let timeline = timeline.map(timeline::Collector::finish);
+    let results =
+        Results { props, probes, processes, output, limitations, end, tracers, timeline, nvml_samples };
     tokio::task::spawn_blocking(move || results.deliver()).await.context("writing the results")?
 }
 

@@ -458,3 +458,25 @@ pub fn assert_golden(path: &Path, actual: &str) {
     });
     assert_eq!(actual, expected, "{} changed: review, then SYSPROF_BLESS=1 to accept", path.display());
 }
+
+/// The timeline as Perfetto's own protos (PyPI `perfetto`, which CI installs) read it:
+/// `tests/support/perfetto_summary.py`. `None` (said) where they are missing outside CI.
+pub fn perfetto_summary(trace: &std::path::Path) -> Option<serde_json::Value> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/support/perfetto_summary.py");
+    let has_protos = std::process::Command::new("python3")
+        .args(["-c", "import perfetto.protos.perfetto.trace.perfetto_trace_pb2"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_protos {
+        assert!(
+            std::env::var_os("CI").is_none_or(|v| v == "false" || v == "0"),
+            "CI must read the timeline with Perfetto's protos: python3 -m pip install perfetto"
+        );
+        eprintln!("skipped the Perfetto part: python3 -m pip install perfetto");
+        return None;
+    }
+    let out = std::process::Command::new("python3").arg(script).arg(trace).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    Some(serde_json::from_slice(&out.stdout).expect("the summary is JSON"))
+}

@@ -139,6 +139,28 @@ pub struct GpuState {
     pub devices_seen: BTreeMap<i32, u64>,
     /// Return codes of the calls with events: function id -> code -> calls.
     pub return_codes: BTreeMap<u32, BTreeMap<i32, u64>>,
+    /// The calls with events, one by one, for the timeline (at most [`MAX_SLICES`]).
+    pub slices: Vec<GpuSlice>,
+    pub slices_dropped: u64,
+}
+
+/// Most calls kept one by one for the timeline.
+const MAX_SLICES: usize = 200_000;
+
+/// One call with an event, as the timeline shows it.
+#[derive(Clone, Debug)]
+pub struct GpuSlice {
+    pub tgid: u32,
+    pub tid: u32,
+    pub func: u32,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub user_stack_id: i32,
+    pub caller: u64,
+    /// What it moved or allocated, and how: a copy's direction, a collective's operation.
+    pub bytes: Option<u64>,
+    pub what: Option<&'static str>,
+    pub failed: bool,
 }
 
 /// Label of memset rows in the transfer table.
@@ -160,6 +182,8 @@ impl GpuState {
         let ok = event.ret as u32 == 0;
         *self.return_codes.entry(event.func).or_default().entry(event.ret as i32).or_default() += 1;
         let arg = |i: usize| event.args[i];
+        // What the timeline says of the call beside its name and time.
+        let mut note: (Option<u64>, Option<&'static str>) = (None, None);
         match function.kind {
             Kind::SetDevice { device } => {
                 if ok {
@@ -168,7 +192,10 @@ impl GpuState {
                     *self.devices_seen.entry(device).or_default() += 1;
                 }
             }
-            Kind::Alloc { pool, size } => self.allocate(event, pool, arg(size), ok),
+            Kind::Alloc { pool, size } => {
+                note = (Some(arg(size)), None);
+                self.allocate(event, pool, arg(size), ok);
+            }
             Kind::Register { ptr, size } => {
                 if ok {
                     self.pinned.insert((event.tgid, arg(ptr)), arg(ptr) + arg(size));
@@ -189,6 +216,7 @@ impl GpuState {
                     _ => None,
                 };
                 let pinned = host.map(|host| self.is_pinned(event.tgid, host));
+                note = (Some(bytes), Some(direction.label()));
                 self.transfer(direction.label(), event, bytes, asynchronous, pinned, ok);
                 if direction == Direction::H2D && ok {
                     if self.h2d.len() < MAX_H2D_LOG {
@@ -208,12 +236,14 @@ impl GpuState {
             }
             Kind::Memset { bytes, asynchronous, .. } => {
                 let bytes = bytes_of(event, bytes);
+                note = (Some(bytes), None);
                 self.transfer(MEMSET, event, bytes, asynchronous, None, ok);
             }
             Kind::Collective { op, count, datatype, comm } => {
                 let stats = self.nccl.entry(op).or_default();
                 let element = functions::nccl_datatype_size(arg(datatype)).unwrap_or(1);
                 let bytes = arg(count) * element;
+                note = (Some(bytes), None);
                 stats.calls += 1;
                 stats.errors += u64::from(!ok);
                 stats.bytes += bytes;
@@ -243,6 +273,22 @@ impl GpuState {
                 }
             }
             Kind::Launch | Kind::GraphLaunch | Kind::NcclGroup => {}
+        }
+        if self.slices.len() < MAX_SLICES {
+            self.slices.push(GpuSlice {
+                tgid: event.tgid,
+                tid: event.tid,
+                func: event.func,
+                start_ns: event.start_ns,
+                duration_ns: event.duration_ns,
+                user_stack_id: event.user_stack_id,
+                caller: event.caller,
+                bytes: note.0,
+                what: note.1,
+                failed: !ok,
+            });
+        } else {
+            self.slices_dropped += 1;
         }
     }
 

@@ -1,0 +1,39 @@
+//! The timeline's ring buffer, and the one way into it (see `sysprof_common::timeline`). A leaf
+//! module: the sampler, the scheduler, the syscall and the call programs each record their own
+//! events here when the timeline is on (`Config::timeline_min_us`), after their own filters.
+//!
+//! Submitted without a wakeup: userspace drains the ring on its tick, so a busy target costs
+//! no wakeup of sysprof per event.
+
+use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, macros::map, maps::RingBuf};
+use sysprof_common::{Counter, timeline::TimelineEvent};
+
+use crate::{config::config, counters};
+
+#[map]
+static TIMELINE: RingBuf = RingBuf::with_byte_size(sysprof_common::timeline::CAPACITY, 0);
+
+/// Whether the timeline is on.
+#[inline(always)]
+pub fn on() -> bool {
+    config().timeline_min_us != 0
+}
+
+/// Whether a wait or a system call of `ns` is long enough to be recorded.
+#[inline(always)]
+pub fn long_enough(ns: u64) -> bool {
+    let min_us = config().timeline_min_us;
+    min_us != 0 && ns >= u64::from(min_us) * 1000
+}
+
+/// Records one event; a full ring counts a loss.
+#[inline(always)]
+pub fn record(event: TimelineEvent) {
+    match TIMELINE.reserve::<TimelineEvent>(0) {
+        Some(mut entry) => {
+            entry.write(event);
+            entry.submit(BPF_RB_NO_WAKEUP as u64);
+        }
+        None => counters::add(Counter::TimelineLost, 1),
+    }
+}

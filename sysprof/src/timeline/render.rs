@@ -1,0 +1,533 @@
+//! The timeline as a Perfetto trace (`timeline.pftrace`, opened in ui.perfetto.dev): per
+//! process a track, per thread a track with its probed calls (GPU libraries, `--func`) and two
+//! tracks under it, its waits off the CPU (the reason, and the stack it blocked at) with the
+//! time runnable after each wakeup, and its slow system calls; its on-CPU samples as perf
+//! samples with interned call stacks; processes' memory and the GPUs' NVML metrics as counter
+//! tracks. Timestamps are CLOCK_MONOTONIC (the kernel's `bpf_ktime_get_ns`), with a clock
+//! snapshot that places them in boot and wall-clock time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use prost::Message as _;
+use sysprof_common::timeline::{TimelineEvent, kind};
+
+use super::{
+    Timeline,
+    perfetto::{
+        Callstack, Clock, ClockSnapshot, CounterDescriptor, Data, DebugAnnotation, EventName, Frame,
+        InternedData, InternedString, Mapping, PerfSample, ProcessDescriptor, ProcessTree,
+        ProcessTreeProcess, ProcessTreeThread, SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE,
+        ThreadDescriptor, Trace, TracePacket, TrackDescriptor, TrackEvent, Value, clock, event_type, unit,
+    },
+};
+use crate::{
+    callsites::{CallNames, Names as _},
+    funcs::ProbedFunction,
+    gpu::{functions, nvml, state::GpuState},
+    procs::ProcessTable,
+    profile::{ResolvedStacks, StackSample},
+    sched::offcpu_reason,
+    symbolize::Frame as SymbolFrame,
+};
+
+/// What the trace is made of: the timeline's events, and what the analysis resolved.
+pub(crate) struct Sources<'a> {
+    pub timeline: &'a Timeline,
+    /// The samples' stacks (ids in `CPU_STACKS`).
+    pub sample_stacks: &'a ResolvedStacks,
+    /// The waits' stacks (ids in `STACKS`).
+    pub wait_stacks: &'a ResolvedStacks,
+    /// Call sites, calls' stacks and launched kernels.
+    pub names: &'a CallNames,
+    pub functions: &'a [ProbedFunction],
+    pub gpu: Option<&'a GpuState>,
+    pub processes: &'a ProcessTable,
+    pub nvml: Option<&'a [nvml::Sample]>,
+    /// Lines the trace carries on its `sysprof` track: what it could not show.
+    pub notes: Vec<String>,
+}
+
+/// A GPU metric's track name, unit and value in one NVML sample.
+type Metric = (&'static str, i32, fn(&nvml::Sample) -> Option<f64>);
+
+/// The one packet sequence sysprof writes.
+const SEQUENCE: u32 = 1;
+
+/// Track uuids: the kind in the top bits, the id (pid, tid, device) below.
+fn uuid(kind: u64, id: u64) -> u64 {
+    kind << 48 | id
+}
+const PROCESS_TRACK: u64 = 1;
+const THREAD_TRACK: u64 = 2;
+const STATE_TRACK: u64 = 3;
+const SYSCALL_TRACK: u64 = 4;
+const MEMORY_TRACK: u64 = 5;
+const GPU_TRACK: u64 = 6;
+const NOTES_TRACK: u64 = 7;
+
+/// The trace, encoded.
+pub(crate) fn render(sources: &Sources<'_>) -> Vec<u8> {
+    let mut writer = Writer::default();
+    let timeline = sources.timeline;
+    let start = timeline.clocks.monotonic_ns;
+    writer.clock_snapshot(timeline);
+    writer.tracks(sources);
+    for event in &timeline.events {
+        writer.event(sources, event);
+    }
+    if let Some(gpu) = sources.gpu {
+        for slice in &gpu.slices {
+            let name = functions::by_id(slice.func).map_or("[unknown call]", |f| f.name);
+            let mut args = vec![annotation(
+                "call site",
+                sources.names.call_site(slice.tgid, slice.user_stack_id, slice.caller),
+            )];
+            if let Some(bytes) = slice.bytes {
+                args.push(DebugAnnotation { name: Some("bytes".into()), value: Some(Value::Uint(bytes)) });
+            }
+            if let Some(what) = slice.what {
+                args.push(annotation("direction", what.to_string()));
+            }
+            if slice.failed {
+                args.push(annotation("result", "failed".into()));
+            }
+            let stack = writer.user_callstack(sources.names.stacks(), slice.tgid, slice.user_stack_id);
+            let track = uuid(THREAD_TRACK, u64::from(slice.tid));
+            writer.slice(track, slice.start_ns, slice.start_ns + slice.duration_ns, name, args, stack);
+        }
+    }
+    writer.counters(sources, start);
+    for note in &sources.notes {
+        let event = TrackEvent {
+            r#type: Some(event_type::INSTANT),
+            track_uuid: Some(uuid(NOTES_TRACK, 0)),
+            name_iid: Some(writer.event_name("sysprof: not in this timeline")),
+            debug_annotations: vec![annotation("note", note.clone())],
+            ..TrackEvent::default()
+        };
+        writer.timed(start, 0, Data::TrackEvent(event));
+    }
+    writer.finish(start)
+}
+
+fn annotation(name: &str, value: String) -> DebugAnnotation {
+    DebugAnnotation { name: Some(name.into()), value: Some(Value::String(value)) }
+}
+
+/// Packets, and the interning tables their call stacks and names refer to.
+#[derive(Default)]
+struct Writer {
+    /// Descriptors and the clock snapshot, first.
+    head: Vec<TracePacket>,
+    /// The timed packets, encoded as they come (a trace's packets are each one field of the
+    /// `Trace` message), so that a large timeline costs its bytes, not its messages...
+    arena: Vec<u8>,
+    /// ... and where each is in `arena`, with its sort key: (time, ends before begins at the
+    /// same time).
+    timed: Vec<((u64, u8), std::ops::Range<usize>)>,
+    interned: InternedData,
+    names: HashMap<String, u64>,
+    functions: HashMap<String, u64>,
+    mappings: HashMap<String, u64>,
+    frames: HashMap<(u64, u64), u64>,
+    callstacks: HashMap<Vec<u64>, u64>,
+}
+
+impl Writer {
+    fn clock_snapshot(&mut self, timeline: &Timeline) {
+        let clocks = &timeline.clocks;
+        let clock = |clock_id, timestamp| Clock { clock_id: Some(clock_id), timestamp: Some(timestamp) };
+        self.head.push(TracePacket {
+            trusted_packet_sequence_id: Some(SEQUENCE),
+            data: Some(Data::ClockSnapshot(ClockSnapshot {
+                clocks: vec![
+                    clock(clock::BOOTTIME, clocks.boottime_ns),
+                    clock(clock::MONOTONIC, clocks.monotonic_ns),
+                    clock(clock::REALTIME, clocks.realtime_ns),
+                ],
+                primary_trace_clock: Some(clock::BOOTTIME),
+            })),
+            ..TracePacket::default()
+        });
+    }
+
+    fn descriptor(&mut self, descriptor: TrackDescriptor) {
+        self.head.push(TracePacket {
+            trusted_packet_sequence_id: Some(SEQUENCE),
+            data: Some(Data::TrackDescriptor(descriptor)),
+            ..TracePacket::default()
+        });
+    }
+
+    /// The processes, threads and counter tracks the events go on.
+    fn tracks(&mut self, sources: &Sources<'_>) {
+        let timeline = sources.timeline;
+        let mut pids: BTreeSet<u32> = timeline.threads.values().map(|(pid, _)| *pid).collect();
+        if let Some(gpu) = sources.gpu {
+            pids.extend(gpu.slices.iter().map(|s| s.tgid));
+        }
+        pids.extend(sources.processes.iter().filter(|(_, p)| !p.memory.is_empty()).map(|(pid, _)| pid));
+        pids.remove(&0);
+        let mut tree = ProcessTree::default();
+        for &pid in &pids {
+            let record = sources.processes.get(pid);
+            let name = record.map(|p| p.name.clone()).unwrap_or_default();
+            tree.processes.push(ProcessTreeProcess {
+                pid: Some(pid as i32),
+                ppid: record.and_then(|p| p.parent).map(|p| p as i32),
+                cmdline: vec![name.clone()],
+            });
+            self.descriptor(TrackDescriptor {
+                uuid: Some(uuid(PROCESS_TRACK, u64::from(pid))),
+                process: Some(ProcessDescriptor {
+                    pid: Some(pid as i32),
+                    process_name: Some(name),
+                    ..ProcessDescriptor::default()
+                }),
+                ..TrackDescriptor::default()
+            });
+        }
+        let mut threads: BTreeMap<u32, (u32, String)> = timeline.threads.clone();
+        if let Some(gpu) = sources.gpu {
+            for slice in &gpu.slices {
+                threads.entry(slice.tid).or_insert_with(|| (slice.tgid, String::new()));
+            }
+        }
+        for (&tid, (pid, name)) in &threads {
+            if tid == 0 {
+                continue;
+            }
+            let name = if name.is_empty() {
+                sources.processes.get(*pid).map(|p| p.name.clone()).unwrap_or_default()
+            } else {
+                name.clone()
+            };
+            tree.threads.push(ProcessTreeThread {
+                tid: Some(tid as i32),
+                name: Some(name.clone()),
+                tgid: Some(*pid as i32),
+            });
+            let thread = uuid(THREAD_TRACK, u64::from(tid));
+            self.descriptor(TrackDescriptor {
+                uuid: Some(thread),
+                parent_uuid: Some(uuid(PROCESS_TRACK, u64::from(*pid))),
+                thread: Some(ThreadDescriptor {
+                    pid: Some(*pid as i32),
+                    tid: Some(tid as i32),
+                    thread_name: Some(name.clone()),
+                }),
+                ..TrackDescriptor::default()
+            });
+            for (kind, what) in [(STATE_TRACK, "off-CPU"), (SYSCALL_TRACK, "slow syscalls")] {
+                self.descriptor(TrackDescriptor {
+                    uuid: Some(uuid(kind, u64::from(tid))),
+                    parent_uuid: Some(uuid(PROCESS_TRACK, u64::from(*pid))),
+                    name: Some(format!("{name} {tid}: {what}")),
+                    ..TrackDescriptor::default()
+                });
+            }
+        }
+        self.head.push(TracePacket {
+            trusted_packet_sequence_id: Some(SEQUENCE),
+            data: Some(Data::ProcessTree(tree)),
+            ..TracePacket::default()
+        });
+        if !sources.notes.is_empty() {
+            self.descriptor(TrackDescriptor {
+                uuid: Some(uuid(NOTES_TRACK, 0)),
+                name: Some("sysprof".into()),
+                ..TrackDescriptor::default()
+            });
+        }
+    }
+
+    /// One timeline event as its packets.
+    fn event(&mut self, sources: &Sources<'_>, event: &TimelineEvent) {
+        let tid = u64::from(event.tid);
+        match event.kind {
+            kind::SAMPLE => {
+                let sample = stack_sample(event);
+                let frames = sources.sample_stacks.frames(&sample);
+                let callstack = self.callstack(&frames);
+                let data = Data::PerfSample(PerfSample {
+                    cpu: Some(event.detail),
+                    pid: Some(event.tgid),
+                    tid: Some(event.tid),
+                    callstack_iid: callstack,
+                });
+                self.timed(event.start_ns, 1, data);
+            }
+            kind::OFF_CPU => {
+                let sample = stack_sample(event);
+                let kernel = sources.wait_stacks.kernel_frames(&sample);
+                let user = sources.wait_stacks.user_frames(&sample);
+                let reason = offcpu_reason(event.detail, kernel, user);
+                let frames = sources.wait_stacks.frames(&sample);
+                let callstack = self.callstack(&frames);
+                let blocked_in = crate::callsites::own_frame(user).or(user.last());
+                let mut args = Vec::new();
+                if let Some(frame) = blocked_in {
+                    args.push(annotation("blocked in", crate::callsites::describe(frame)));
+                }
+                let woken = if event.mark_ns > event.start_ns {
+                    event.mark_ns.min(event.end_ns)
+                } else {
+                    event.end_ns
+                };
+                let track = uuid(STATE_TRACK, tid);
+                self.slice(track, event.start_ns, woken, &format!("off-CPU: {reason}"), args, callstack);
+                if woken < event.end_ns {
+                    self.slice(track, woken, event.end_ns, "runnable (waiting for a CPU)", Vec::new(), None);
+                }
+            }
+            kind::SYSCALL => {
+                let name = syscalls::Sysno::new(event.detail as usize).map_or("syscall", |s| s.name());
+                let ret = event.mark_ns as i64;
+                let result = if (-4095..0).contains(&ret) {
+                    nix::errno::Errno::from_raw(-ret as i32).to_string()
+                } else {
+                    ret.to_string()
+                };
+                let args = vec![annotation("returned", result)];
+                self.slice(uuid(SYSCALL_TRACK, tid), event.start_ns, event.end_ns, name, args, None);
+            }
+            kind::CALL => {
+                let library_call = functions::by_id(event.detail);
+                let name = library_call
+                    .map(|f| f.name.to_string())
+                    .or_else(|| {
+                        sources.functions.iter().find(|f| f.id == event.detail).map(|f| f.symbol.clone())
+                    })
+                    .unwrap_or_else(|| "[unknown call]".into());
+                let site = match library_call {
+                    Some(_) => sources.names.call_site(event.tgid, event.user_stack_id, 0),
+                    // A `--func` function is the program's own code, the stack's leaf: its
+                    // caller is the frame above it.
+                    None => {
+                        let sample = crate::callsites::sample(event.tgid, event.user_stack_id);
+                        let frames = sources.names.stacks().user_frames(&sample);
+                        let above = frames.iter().rev().find(|f| f.function != name);
+                        above.map_or_else(|| "[no user stack]".into(), crate::callsites::describe)
+                    }
+                };
+                let mut args = vec![annotation("call site", site)];
+                let launch =
+                    functions::by_id(event.detail).is_some_and(|f| matches!(f.kind, functions::Kind::Launch));
+                if launch && event.mark_ns != 0 {
+                    args.push(annotation("kernel", sources.names.symbol(event.tgid, event.mark_ns)));
+                }
+                let stack = self.user_callstack(sources.names.stacks(), event.tgid, event.user_stack_id);
+                self.slice(uuid(THREAD_TRACK, tid), event.start_ns, event.end_ns, &name, args, stack);
+            }
+            _ => {}
+        }
+    }
+
+    /// Memory per process and the GPUs' metrics, as counter tracks.
+    fn counters(&mut self, sources: &Sources<'_>, start: u64) {
+        for (pid, record) in sources.processes.iter() {
+            if record.memory.is_empty() {
+                continue;
+            }
+            let track = uuid(MEMORY_TRACK, u64::from(pid));
+            self.descriptor(TrackDescriptor {
+                uuid: Some(track),
+                parent_uuid: Some(uuid(PROCESS_TRACK, u64::from(pid))),
+                name: Some("resident memory".into()),
+                counter: Some(CounterDescriptor { unit: Some(unit::SIZE_BYTES), unit_name: None }),
+                ..TrackDescriptor::default()
+            });
+            for sample in record.memory.samples() {
+                self.counter(track, start + sample.t_ms * 1_000_000, sample.rss() as f64);
+            }
+        }
+        let Some(samples) = sources.nvml else { return };
+        let metrics: [Metric; 4] = [
+            ("SM utilization (%)", unit::COUNT, |s| s.sm_util_pct.map(f64::from)),
+            ("memory utilization (%)", unit::COUNT, |s| s.mem_util_pct.map(f64::from)),
+            ("memory used", unit::SIZE_BYTES, |s| s.mem_used.map(|b| b as f64)),
+            ("power (W)", unit::COUNT, |s| s.power_mw.map(|mw| f64::from(mw) / 1000.0)),
+        ];
+        let devices: BTreeSet<u32> = samples.iter().map(|s| s.device).collect();
+        for device in devices {
+            for (index, (name, unit, value)) in metrics.iter().enumerate() {
+                let track = uuid(GPU_TRACK, u64::from(device) << 8 | index as u64);
+                let values: Vec<(u64, f64)> = samples
+                    .iter()
+                    .filter(|s| s.device == device)
+                    .filter_map(|s| Some((s.t_ms, value(s)?)))
+                    .collect();
+                if values.is_empty() {
+                    continue;
+                }
+                self.descriptor(TrackDescriptor {
+                    uuid: Some(track),
+                    name: Some(format!("GPU {device} {name}")),
+                    counter: Some(CounterDescriptor { unit: Some(*unit), unit_name: None }),
+                    ..TrackDescriptor::default()
+                });
+                for (t_ms, value) in values {
+                    self.counter(track, start + t_ms * 1_000_000, value);
+                }
+            }
+        }
+    }
+
+    fn counter(&mut self, track: u64, at: u64, value: f64) {
+        let event = TrackEvent {
+            r#type: Some(event_type::COUNTER),
+            track_uuid: Some(track),
+            double_counter_value: Some(value),
+            ..TrackEvent::default()
+        };
+        self.timed(at, 1, Data::TrackEvent(event));
+    }
+
+    /// A slice from `begin` to `end` on `track`.
+    fn slice(
+        &mut self,
+        track: u64,
+        begin: u64,
+        end: u64,
+        name: &str,
+        args: Vec<DebugAnnotation>,
+        callstack: Option<u64>,
+    ) {
+        let name_iid = self.event_name(name);
+        let begin_event = TrackEvent {
+            r#type: Some(event_type::SLICE_BEGIN),
+            track_uuid: Some(track),
+            name_iid: Some(name_iid),
+            debug_annotations: args,
+            callstack_iid: callstack,
+            ..TrackEvent::default()
+        };
+        self.timed(begin, 1, Data::TrackEvent(begin_event));
+        let end_event = TrackEvent {
+            r#type: Some(event_type::SLICE_END),
+            track_uuid: Some(track),
+            ..TrackEvent::default()
+        };
+        // An end goes before the begins at its time (the next slice on the track may start
+        // where this one ends), except its own begin's.
+        let order = if end > begin { 0 } else { 2 };
+        self.timed(end.max(begin), order, Data::TrackEvent(end_event));
+    }
+
+    fn timed(&mut self, at: u64, order: u8, data: Data) {
+        let packet = TracePacket {
+            timestamp: Some(at),
+            timestamp_clock_id: Some(clock::MONOTONIC),
+            trusted_packet_sequence_id: Some(SEQUENCE),
+            sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
+            data: Some(data),
+            ..TracePacket::default()
+        };
+        let start = self.arena.len();
+        Trace { packet: vec![packet] }.encode(&mut self.arena).expect("a Vec grows");
+        self.timed.push(((at, order), start..self.arena.len()));
+    }
+
+    fn event_name(&mut self, name: &str) -> u64 {
+        if let Some(&iid) = self.names.get(name) {
+            return iid;
+        }
+        let iid = self.names.len() as u64 + 1;
+        self.names.insert(name.to_string(), iid);
+        self.interned.event_names.push(EventName { iid: Some(iid), name: Some(name.to_string()) });
+        iid
+    }
+
+    /// The user part of a call's stack, interned.
+    fn user_callstack(&mut self, stacks: &ResolvedStacks, tgid: u32, user_stack_id: i32) -> Option<u64> {
+        let frames = stacks.user_frames(&crate::callsites::sample(tgid, user_stack_id)).to_vec();
+        self.callstack(&frames)
+    }
+
+    /// Frames (outermost first) as an interned call stack; `None` for no frames.
+    fn callstack(&mut self, frames: &[SymbolFrame]) -> Option<u64> {
+        if frames.is_empty() {
+            return None;
+        }
+        let ids: Vec<u64> = frames.iter().map(|frame| self.frame(frame)).collect();
+        if let Some(&iid) = self.callstacks.get(&ids) {
+            return Some(iid);
+        }
+        let iid = self.callstacks.len() as u64 + 1;
+        self.interned.callstacks.push(Callstack { iid: Some(iid), frame_ids: ids.clone() });
+        self.callstacks.insert(ids, iid);
+        Some(iid)
+    }
+
+    fn frame(&mut self, frame: &SymbolFrame) -> u64 {
+        let function = intern(&mut self.functions, &mut self.interned.function_names, &frame.function);
+        let mapping = match self.mappings.get(&frame.module) {
+            Some(&iid) => iid,
+            None => {
+                let path = intern(&mut HashMap::new(), &mut self.interned.mapping_paths, &frame.module);
+                let iid = self.mappings.len() as u64 + 1;
+                self.interned.mappings.push(Mapping { iid: Some(iid), path_string_ids: vec![path] });
+                self.mappings.insert(frame.module.clone(), iid);
+                iid
+            }
+        };
+        let key = (function, mapping);
+        if let Some(&iid) = self.frames.get(&key) {
+            return iid;
+        }
+        let iid = self.frames.len() as u64 + 1;
+        self.interned.frames.push(Frame {
+            iid: Some(iid),
+            function_name_id: Some(function),
+            mapping_id: Some(mapping),
+            rel_pc: Some(0),
+        });
+        self.frames.insert(key, iid);
+        iid
+    }
+
+    /// The trace: descriptors, the interned data, then every timed packet in time order.
+    fn finish(mut self, start: u64) -> Vec<u8> {
+        self.timed.sort_by_key(|(key, _)| *key);
+        let interned = TracePacket {
+            timestamp: Some(start),
+            timestamp_clock_id: Some(clock::MONOTONIC),
+            trusted_packet_sequence_id: Some(SEQUENCE),
+            sequence_flags: Some(SEQ_INCREMENTAL_STATE_CLEARED),
+            interned_data: Some(std::mem::take(&mut self.interned)),
+            ..TracePacket::default()
+        };
+        let mut packet = self.head;
+        packet.push(interned);
+        let mut bytes = Trace { packet }.encode_to_vec();
+        bytes.reserve(self.arena.len());
+        for (_, range) in &self.timed {
+            bytes.extend_from_slice(&self.arena[range.clone()]);
+        }
+        bytes
+    }
+}
+
+/// The interned id of `text` in `table` (ids from 1), adding it when new.
+fn intern(ids: &mut HashMap<String, u64>, table: &mut Vec<InternedString>, text: &str) -> u64 {
+    if let Some(&iid) = ids.get(text) {
+        return iid;
+    }
+    let iid = table.len() as u64 + 1;
+    table.push(InternedString { iid: Some(iid), str: Some(text.as_bytes().to_vec()) });
+    ids.insert(text.to_string(), iid);
+    iid
+}
+
+/// An event's stacks as the resolver takes them.
+pub(crate) fn stack_sample(event: &TimelineEvent) -> StackSample {
+    StackSample {
+        tgid: event.tgid,
+        tid: event.tid,
+        user_stack_id: event.user_stack_id,
+        kernel_stack_id: event.kernel_stack_id,
+        comm: None,
+        weight: 1,
+        tag: event.detail,
+    }
+}
