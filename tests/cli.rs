@@ -212,6 +212,8 @@ fn the_markdown_report_matches_its_golden_file() {
         sysprof_version: "0.1.0".into(),
         run: RunSummary {
             target: "command `./busy 3`".into(),
+            host: String::new(),
+            rank: None,
             command: Some(vec!["./busy".into(), "3".into()]),
             started_at: "2026-11-30T03:39:21Z".into(),
             duration_s: 3.004,

@@ -296,3 +296,67 @@ fn no_gpu_library_is_one_line_and_the_rest_runs() {
     );
     assert!(self_weight(&read_folded(&dir.path().join("cpu.folded")), "burn_hot") > 30);
 }
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn merge_names_the_slow_rank_as_the_straggler() {
+    let Some(_guard) = root_guard("merge_names_the_slow_rank_as_the_straggler") else { return };
+    let Some(libs) = nvidia_libraries("merge_names_the_slow_rank_as_the_straggler") else { return };
+    // Two ranks of a data-parallel job, standing for two hosts: the same 12 all-reduces, with
+    // 3 ms of work before each on rank 0 and 15 ms on rank 1, which is made slower.
+    let rank = |rank: &str, ms: &str| {
+        let dir = output_dir();
+        let out = sysprof()
+            .env("LD_LIBRARY_PATH", &libs)
+            .env("RANK", rank)
+            .args(["trace", "-q", "-o"])
+            .arg(dir.path())
+            .arg("--")
+            .arg(gpu_app())
+            .args(["collectives", "12", ms])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        dir
+    };
+    let (fast, slow) = (rank("0", "3"), rank("1", "15"));
+    let merged = output_dir();
+    let out = sysprof()
+        .arg("merge")
+        .arg(fast.path())
+        .arg(slow.path())
+        .arg("-o")
+        .arg(merged.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(merged.path().join("merged.json")).unwrap()).unwrap();
+    let host = read_report(fast.path())["run"]["host"].as_str().unwrap().to_string();
+    let straggler = &json["straggler"];
+    assert_eq!(straggler["label"], format!("rank 1 ({host})"), "{json:#}");
+    assert_eq!(straggler["measure"], "time before each collective");
+    let ranks = json["ranks"].as_array().unwrap();
+    let before = |i: usize| ranks[i]["mean_before_collective_ns"].as_f64().unwrap() / 1e6;
+    assert!((3.0..6.0).contains(&before(0)) && before(1) >= 15.0, "{} ms and {} ms", before(0), before(1));
+    assert!(ranks.iter().all(|r| r["collectives"] == 12), "{ranks:?}");
+    let markdown = std::fs::read_to_string(merged.path().join("merged.md")).unwrap();
+    assert!(markdown.contains(&format!("rank 1 ({host}) is the straggler")), "{markdown}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is the straggler"));
+
+    // One timeline, a machine per host, each with its process named by its rank.
+    if let Some(timeline) = perfetto_summary(&merged.path().join("timeline.pftrace")) {
+        let tracks = timeline["tracks"].as_array().unwrap();
+        for (machine, label) in [(1, "rank 0"), (2, "rank 1")] {
+            assert!(
+                tracks.iter().any(|t| t["kind"] == "process"
+                    && t["machine"] == machine
+                    && t["name"].as_str().unwrap().starts_with(label)),
+                "{tracks:?}"
+            );
+        }
+        let collectives =
+            timeline["slices"].as_array().unwrap().iter().filter(|s| s["name"] == "ncclAllReduce").count();
+        assert_eq!(collectives, 24);
+    }
+}

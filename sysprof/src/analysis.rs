@@ -232,6 +232,8 @@ pub(crate) fn analyze(
         sysprof_version: env!("CARGO_PKG_VERSION").into(),
         run: RunSummary {
             target: props.target.clone(),
+            host: run.host.clone(),
+            rank: run.rank.clone(),
             command: props.command.clone(),
             started_at: run.started_at.clone(),
             duration_s: run.elapsed.as_secs_f64(),

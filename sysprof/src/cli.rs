@@ -24,6 +24,9 @@ pub enum Command {
     /// Render a saved run again (traced with --save-readout): report.md, report.json, the
     /// flamegraphs and profiles, with this sysprof's analysis and the families you keep
     Report(ReportArgs),
+    /// Merge the output directories of one job's hosts or ranks into one report: their figures
+    /// side by side, the straggler, one timeline with a machine per host
+    Merge(MergeArgs),
     /// Show what this machine supports and what sysprof can do here
     Check(CheckArgs),
     /// Show the GPUs, how each pair is connected, and each link's peak bandwidth (NVML)
@@ -56,6 +59,17 @@ pub struct ReportArgs {
     /// Keep only these families' sections and profiles (of those the run traced)
     #[arg(long, value_enum, value_delimiter = ',')]
     pub focus: Vec<Family>,
+}
+
+/// `sysprof merge` options.
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The output directories of `sysprof trace`, one per host or rank (copied to one place)
+    #[arg(value_name = "DIR", required = true, num_args = 2..)]
+    pub dirs: Vec<PathBuf>,
+    /// Where merged.md, merged.json and timeline.pftrace go
+    #[arg(short, long, value_name = "OUT", default_value = "merged_output")]
+    pub output: PathBuf,
 }
 
 /// `sysprof topo` options.
@@ -333,9 +347,11 @@ mod tests {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Trace(args) => args.into_config().map_err(|e| e.to_string()),
-            Command::Report(_) | Command::Check(_) | Command::Topo(_) | Command::Tables(_) => {
-                Err("not trace".into())
-            }
+            Command::Report(_)
+            | Command::Merge(_)
+            | Command::Check(_)
+            | Command::Topo(_)
+            | Command::Tables(_) => Err("not trace".into()),
         }
     }
 

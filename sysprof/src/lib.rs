@@ -37,6 +37,7 @@ pub mod gpu;
 pub mod latency;
 pub(crate) mod launch;
 pub mod memory;
+pub mod merge;
 pub mod output;
 pub(crate) mod plt;
 mod priority;

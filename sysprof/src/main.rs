@@ -20,6 +20,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Report(args) => sysprof::rerender(&args.dir, args.output.as_deref(), &args.focus),
+        Command::Merge(args) => sysprof::merge::run(&args.dirs, &args.output),
         Command::Check(args) => sysprof::check::run(args.json, args.nvml_lib.as_deref()),
         Command::Topo(args) => sysprof::gpu::nvml::topo(args.nvml_lib.as_deref(), args.json),
         Command::Tables(args) => sysprof::unwind::describe_tables(&args.files, args.json),

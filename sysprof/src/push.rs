@@ -90,7 +90,7 @@ fn multipart(boundary: &str, profile: &[u8]) -> Vec<u8> {
     body
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     // The kernel's node name (uname), which is what gethostname returns on Linux.
     nix::sys::utsname::uname()
         .ok()
@@ -99,7 +99,7 @@ fn hostname() -> String {
 }
 
 /// The job's rank as the launchers set it (torchrun, Slurm, Open MPI).
-fn rank() -> Option<String> {
+pub(crate) fn rank() -> Option<String> {
     ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "LOCAL_RANK"]
         .iter()
         .find_map(|name| std::env::var(name).ok())

@@ -122,6 +122,12 @@ impl ReportProps {
 /// When and how the trace ran.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunFacts {
+    /// The machine (its node name) and the job's rank as the launcher set it, which `sysprof
+    /// merge` tells the runs of one job apart by.
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub rank: Option<String>,
     /// Wall-clock start, RFC 3339.
     pub started_at: String,
     pub elapsed: Duration,

@@ -99,6 +99,8 @@ impl Results {
         let mut recording = Recording {
             format: recording::FORMAT,
             run: RunFacts {
+                host: crate::push::hostname(),
+                rank: crate::push::rank(),
                 started_at: humantime::format_rfc3339_seconds(end.started_at).to_string(),
                 elapsed: end.elapsed,
                 end_ns: end.end_ns,

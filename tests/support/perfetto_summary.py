@@ -34,7 +34,7 @@ for packet in trace.packet:
         clocks = {c.clock_id: c.timestamp for c in packet.clock_snapshot.clocks}
     elif kind == "track_descriptor":
         d = packet.track_descriptor
-        track = {"uuid": d.uuid, "parent": d.parent_uuid, "name": d.name}
+        track = {"uuid": d.uuid, "parent": d.parent_uuid, "name": d.name, "machine": packet.machine_id}
         if d.HasField("thread"):
             track.update(kind="thread", pid=d.thread.pid, tid=d.thread.tid, name=d.thread.thread_name)
         elif d.HasField("process"):

@@ -14,11 +14,14 @@
 //                        the test doubles: 1 GB/s, about N ms)
 //   gpu_app syncs N      N launches, each followed by a cudaDeviceSynchronize in step (with the
 //                        test doubles: 2 ms per synchronize)
+//   gpu_app collectives N MS   N rounds of MS ms of CPU work in compute_step, then an all-reduce:
+//                        a rank of a data-parallel job (a larger MS: a straggler)
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -o gpu_app gpu_app.c -L DIR -l:libcudart.so.12 -l:libnccl.so.2
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 
@@ -122,6 +125,20 @@ __attribute__((noinline)) static void step(void) {
     cudaDeviceSynchronize();
 }
 
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static volatile unsigned long work_sink;
+
+// Burns MS milliseconds of wall time on the CPU: one step's forward and backward pass.
+__attribute__((noinline)) static void compute_step(long ms) {
+    double until = seconds_now() + ms / 1e3;
+    while (seconds_now() < until) work_sink++;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "api") == 0) {
         api_calls();
@@ -141,10 +158,18 @@ int main(int argc, char **argv) {
         for (long i = 0, n = atol(argv[2]); i < n; i++) step();
         return 0;
     }
+    if (argc >= 4 && strcmp(argv[1], "collectives") == 0) {
+        long rounds = atol(argv[2]), ms = atol(argv[3]);
+        for (long i = 0; i < rounds; i++) {
+            compute_step(ms);
+            ncclAllReduce(pageable, pageable, 1 << 16, ncclFloat32, ncclSum, NULL, NULL);
+        }
+        return 0;
+    }
     if (argc >= 2 && strcmp(argv[1], "redundant") == 0) {
         redundant_copies();
         return 0;
     }
-    fprintf(stderr, "usage: gpu_app api|success|redundant\n");
+    fprintf(stderr, "usage: gpu_app api|success|redundant|pageable N|syncs N|collectives N MS\n");
     return 2;
 }

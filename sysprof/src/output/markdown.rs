@@ -47,6 +47,11 @@ fn run_summary(out: &mut String, report: &Report) {
         vec!["Started".into(), run.started_at.clone()],
         vec!["Duration".into(), format!("{:.2} s (ended by {})", run.duration_s, run.ended_by)],
     ];
+    // Runs saved before the host was recorded have none.
+    if !run.host.is_empty() {
+        let rank = run.rank.as_ref().map(|rank| format!(", rank {rank}")).unwrap_or_default();
+        rows.insert(1, vec!["Host".into(), format!("{}{rank}", run.host)]);
+    }
     if let Some(status) = &run.command_status {
         rows.push(vec!["Command".into(), status.clone()]);
     }

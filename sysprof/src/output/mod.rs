@@ -79,7 +79,7 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
 
 /// Whether `name` is a file sysprof writes: only those are ever removed as stale.
 pub fn is_sysprof_output(name: &str) -> bool {
-    matches!(name, "report.md" | "report.json" | crate::recording::FILE_NAME)
+    matches!(name, "report.md" | "report.json" | crate::recording::FILE_NAME | crate::timeline::FILE_NAME)
         || name.split_once('.').is_some_and(|(base, ext)| {
             matches!(
                 base,

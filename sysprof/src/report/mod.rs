@@ -55,6 +55,9 @@ impl Serialize for Report {
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSummary {
     pub target: String,
+    /// The machine's node name, and the job's rank (RANK, SLURM_PROCID, ...) when set.
+    pub host: String,
+    pub rank: Option<String>,
     pub command: Option<Vec<String>>,
     /// Wall-clock start, RFC 3339.
     pub started_at: String,

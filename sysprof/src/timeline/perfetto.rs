@@ -29,6 +29,9 @@ pub struct TracePacket {
     pub sequence_flags: Option<u32>,
     #[prost(message, optional, tag = "59")]
     pub trace_packet_defaults: Option<TracePacketDefaults>,
+    /// The machine the packet comes from, in a trace of several (`sysprof merge`).
+    #[prost(uint32, optional, tag = "98")]
+    pub machine_id: Option<u32>,
     #[prost(oneof = "Data", tags = "2, 6, 11, 60, 66")]
     pub data: Option<Data>,
 }

@@ -424,7 +424,7 @@ impl Writer {
             ..TracePacket::default()
         };
         let start = self.arena.len();
-        Trace { packet: vec![packet] }.encode(&mut self.arena).expect("a Vec grows");
+        prost::encoding::message::encode(1, &packet, &mut self.arena);
         self.timed.push(((at, order), start..self.arena.len()));
     }
 
