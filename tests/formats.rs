@@ -185,6 +185,8 @@ fn a_saved_run_renders_again_without_tracing() {
     assert_eq!(read(again.path(), "cpu.folded"), read(dir.path(), "cpu.folded"));
     let bytes = |d: &Path, name: &str| std::fs::read(d.join(name)).unwrap();
     assert_eq!(bytes(again.path(), "timeline.pftrace"), bytes(dir.path(), "timeline.pftrace"));
+    // The pprof files too, build ids included: the replay reads no file, the read-out has them.
+    assert_eq!(bytes(again.path(), "cpu.pb.gz"), bytes(dir.path(), "cpu.pb.gz"));
     // Kept to the CPU family: its section and profile, nothing of the scheduler's.
     let focused = output_dir();
     let rendered = sysprof()

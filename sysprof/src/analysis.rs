@@ -116,6 +116,8 @@ pub(crate) struct Analyzed {
     pub files: Vec<Rendered>,
     /// On-CPU samples with a stack, for the closing line.
     pub cpu_samples: u64,
+    /// The build ids the pprof files carry (path -> id), for a saved read-out.
+    pub build_ids: std::collections::BTreeMap<String, String>,
 }
 
 /// Analyzes every family in turn and builds the report model; the detach proof is the
@@ -264,7 +266,9 @@ pub(crate) fn analyze(
                 .unwrap_or(DetachReport { programs: 0, still_attached: Vec::new() }),
         },
     };
-    Ok(Analyzed { report, files, cpu_samples })
+    let build_ids =
+        facts.modules.into_values().filter_map(|file| Some((file.path, file.build_id?))).collect();
+    Ok(Analyzed { report, files, cpu_samples, build_ids })
 }
 
 /// The target's time, which every recommendation is a share of: a launched command's wall time;
@@ -327,7 +331,7 @@ fn profile_facts(
         time_nanos,
         duration_nanos: run.elapsed.as_nanos() as i64,
         cpu_period_ns,
-        modules: pprof::module_files(&named, processes, read_files),
+        modules: pprof::module_files(&named, processes, read_files, &recording.build_ids),
     }
 }
 

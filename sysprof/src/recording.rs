@@ -39,6 +39,10 @@ pub struct Recording {
     pub memory_interval: Option<Duration>,
     /// What each address resolved to (empty until the analysis symbolized them).
     pub symbols: Symbols,
+    /// The build ids of the files the profiles name (path -> id), read by the live analysis, so
+    /// that a replay, which reads no file, writes them too.
+    #[serde(default)]
+    pub build_ids: std::collections::BTreeMap<String, String>,
     pub calls: CallOutcome,
     /// The timeline's events, when it was on.
     #[serde(default)]

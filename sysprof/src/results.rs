@@ -121,6 +121,7 @@ impl Results {
             processes: snapshot,
             memory_interval: processes.memory_interval(),
             symbols: Symbols::default(),
+            build_ids: Default::default(),
             calls: outcome,
             timeline,
             nvml: nvml_samples,
@@ -133,7 +134,7 @@ impl Results {
         };
 
         let mut symbolizer = Symbolizer::new();
-        let Analyzed { mut report, mut files, cpu_samples } = analysis::analyze(
+        let Analyzed { mut report, mut files, cpu_samples, build_ids } = analysis::analyze(
             &recording,
             families,
             shared,
@@ -149,6 +150,7 @@ impl Results {
             recording.run.own_usage =
                 Some((report.overhead.sysprof_cpu_s, report.overhead.sysprof_peak_rss_kib));
             recording.symbols = symbolizer.answers().clone();
+            recording.build_ids = build_ids;
             files.push(Rendered { name: recording::FILE_NAME.into(), bytes: recording.to_json()? });
         }
         let quiet = props.quiet;

@@ -11,7 +11,7 @@
 //! thread was off CPU, which kind of fault) as a label instead of a frame.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     io::Write as _,
 };
 
@@ -50,11 +50,13 @@ pub struct ModuleFile {
 }
 
 /// The files behind the `modules` the frames name, from the processes' mappings, with their
-/// build ids when `read_build_ids` (from the ELF notes, not the whole file).
+/// build ids: read from the ELF notes (not the whole file) when `read_build_ids`, else those a
+/// saved run recorded (`known`: path -> build id).
 pub fn module_files(
     modules: &BTreeSet<&str>,
     processes: &ProcessTable,
     read_build_ids: bool,
+    known: &BTreeMap<String, String>,
 ) -> HashMap<String, ModuleFile> {
     let mut files = HashMap::new();
     for (_, record) in processes.iter() {
@@ -65,8 +67,9 @@ pub fn module_files(
             if !modules.contains(module.as_str()) || files.contains_key(&module) {
                 continue;
             }
-            let build_id = if read_build_ids { build_id(open) } else { None };
-            let file = ModuleFile { path: path.display().to_string(), build_id };
+            let path = path.display().to_string();
+            let build_id = if read_build_ids { build_id(open) } else { known.get(&path).cloned() };
+            let file = ModuleFile { path, build_id };
             files.insert(module, file);
         }
     }
@@ -124,6 +127,16 @@ pub fn encode(name: &str, title: &str, profile: &StackProfile, facts: &ProfileFa
         comment,
         default_sample_type,
     }
+}
+
+/// A Python frame's function and line: `train_step (train.py:42)` -> (`train_step`, 42).
+fn python_line(frame: &Frame) -> Option<(&str, i64)> {
+    if !frame.is_python() {
+        return None;
+    }
+    let (head, line) = frame.function.strip_suffix(')')?.rsplit_once(':')?;
+    let (function, _file) = head.rsplit_once(" (")?;
+    Some((function, line.parse().ok()?))
 }
 
 /// Which measure a profile carries, from its name and unit.
@@ -213,6 +226,7 @@ struct Builder {
     functions: Vec<Function>,
     locations: Vec<Location>,
     location_ids: HashMap<(String, String), u64>,
+    function_ids: HashMap<(String, String), u64>,
     mappings: Vec<Mapping>,
     mapping_ids: HashMap<String, u64>,
     samples: Vec<Sample>,
@@ -283,15 +297,30 @@ impl Builder {
             return *id;
         }
         let mapping_id = self.mapping(&frame.module, facts);
-        let function_id = self.functions.len() as u64 + 1;
-        let name = self.string(&frame.function);
-        self.functions.push(Function { id: function_id, name, system_name: name, filename: 0 });
+        // A Python frame names its file and line ("train_step (train.py:42)"): the function is
+        // then the code object, the location its line. Native frames have no line: symbols are
+        // read without DWARF's line tables.
+        let (function, file, line) = match python_line(frame) {
+            Some((function, line)) => (function, frame.module.as_str(), line),
+            None => (frame.function.as_str(), "", 0),
+        };
+        let function_key = (function.to_string(), frame.module.clone());
+        let function_id = match self.function_ids.get(&function_key) {
+            Some(&id) => id,
+            None => {
+                let id = self.functions.len() as u64 + 1;
+                let (name, filename) = (self.string(function), self.string(file));
+                self.functions.push(Function { id, name, system_name: name, filename });
+                self.function_ids.insert(function_key, id);
+                id
+            }
+        };
         let id = self.locations.len() as u64 + 1;
         self.locations.push(Location {
             id,
             mapping_id,
             address: 0,
-            lines: vec![Line { function_id, line: 0 }],
+            lines: vec![Line { function_id, line }],
             is_folded: false,
         });
         self.location_ids.insert(key, id);
@@ -360,6 +389,38 @@ mod tests {
             sample.labels.iter().map(|l| (text(l.key), text(l.str), l.num)).collect();
         assert!(labels.contains(&("reason", "sleep", 0)), "{labels:?}");
         assert!(labels.contains(&("pid", "", 42)), "{labels:?}");
+    }
+
+    #[test]
+    fn python_frames_carry_their_file_and_line() {
+        let profile = StackProfile {
+            unit: "samples".into(),
+            stacks: ["train_step (train.py:42)", "train_step (train.py:43)"]
+                .iter()
+                .map(|leaf| WeightedStack {
+                    pid: 7,
+                    process: "python3".into(),
+                    frames: vec![frame("main (train.py:9)", "train.py"), frame(leaf, "train.py")],
+                    weight: 3,
+                    threads: vec![],
+                })
+                .collect(),
+        };
+        let message = encode("cpu", "t", &profile, &ProfileFacts::default());
+        let text = |i: i64| message.string_table[i as usize].as_str();
+        let lines: Vec<(&str, &str, i64)> = message
+            .samples
+            .iter()
+            .map(|sample| {
+                let line = &message.locations[sample.location_ids[0] as usize - 1].lines[0];
+                let function = &message.functions[line.function_id as usize - 1];
+                (text(function.name), text(function.filename), line.line)
+            })
+            .collect();
+        assert_eq!(lines, [("train_step", "train.py", 42), ("train_step", "train.py", 43)]);
+        // One function, two lines of it; and main.
+        assert_eq!(message.functions.len(), 2);
+        assert_eq!(python_line(&frame("[unknown] libc.so.6+0x10", "libc.so.6")), None);
     }
 
     #[test]
