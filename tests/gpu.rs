@@ -154,9 +154,13 @@ fn real_libraries_report_the_exact_arguments_and_return_codes() {
         assert_eq!(launches.len(), 5, "{calls:?}");
         assert!(launches.iter().all(|s| s["args"]["kernel"] == "vector_add_kernel_stub"), "{launches:?}");
         assert_eq!(named("ncclAllReduce")[0]["args"]["bytes"], 1024 * 4);
-        let stack: Vec<&str> =
-            copies[0]["stack"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
-        assert!(stack.ends_with(&["main", "api_calls", "cudaMemcpy"]), "{stack:?}");
+        // Each slice carries its call stack. (The first calls may come before libcudart's unwind
+        // table is in, on a loaded machine: tests/unwind.rs holds the unwinder to its figures.)
+        let stack = |slice: &Value| -> Vec<String> {
+            slice["stack"].as_array().unwrap().iter().filter_map(|f| f.as_str().map(str::to_string)).collect()
+        };
+        let to_main = ["main", "api_calls", "cudaMemcpy"].map(String::from);
+        assert!(copies.iter().any(|s| stack(s).ends_with(&to_main)), "{copies:?}");
     }
     assert_no_sysprof_programs();
 }

@@ -17,6 +17,7 @@ with open(sys.argv[1], "rb") as f:
     trace.ParseFromString(f.read())
 
 names, functions, frames, callstacks = {}, {}, {}, {}
+arg_names, arg_values = {}, {}
 tracks, clocks, counters = {}, {}, collections.defaultdict(list)
 samples = collections.defaultdict(collections.Counter)
 open_slices, slices = {}, []
@@ -26,6 +27,8 @@ for packet in trace.packet:
         sequence_cleared |= bool(packet.sequence_flags & 1)
         data = packet.interned_data
         names.update({n.iid: n.name for n in data.event_names})
+        arg_names.update({n.iid: n.name for n in data.debug_annotation_names})
+        arg_values.update({v.iid: v.str.decode() for v in data.debug_annotation_string_values})
         functions.update({f.iid: f.str.decode() for f in data.function_names})
         frames.update({f.iid: f.function_name_id for f in data.frames})
         callstacks.update({c.iid: list(c.frame_ids) for c in data.callstacks})
@@ -53,7 +56,11 @@ for packet in trace.packet:
     elif kind == "track_event":
         e = packet.track_event
         if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
-            args = {a.name: (a.string_value or a.uint_value or a.int_value) for a in e.debug_annotations}
+            args = {
+                a.name or arg_names.get(a.name_iid):
+                    a.string_value or arg_values.get(a.string_value_iid) or a.uint_value or a.int_value
+                for a in e.debug_annotations
+            }
             stack = [functions.get(frames.get(f)) for f in callstacks.get(e.callstack_iid, [])]
             open_slices.setdefault(e.track_uuid, []).append((packet.timestamp, names.get(e.name_iid), args, stack))
         elif e.type == pb.TrackEvent.TYPE_SLICE_END:

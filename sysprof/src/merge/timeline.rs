@@ -13,9 +13,7 @@ use prost::Message as _;
 
 use crate::{
     gpu::functions::{self, Kind},
-    timeline::perfetto::{
-        Clock, ClockSnapshot, Data, SEQ_INCREMENTAL_STATE_CLEARED, TracePacket, clock, event_type,
-    },
+    timeline::perfetto::{Clock, ClockSnapshot, Data, TracePacket, clock, event_type},
 };
 
 /// One host's timeline, with what the merge reads of it.
@@ -135,9 +133,13 @@ pub fn merge(hosts: Vec<(&str, HostTimeline)>) -> Vec<u8> {
             }
             packet.machine_id = Some(machine);
             packet.trusted_packet_sequence_id = Some(machine);
+            // Each host's packets are on its monotonic clock (the sequence's default).
             if let Some(at) = packet.timestamp {
                 packet.timestamp = Some(host.realtime(at));
                 packet.timestamp_clock_id = Some(clock::BOOTTIME);
+            }
+            if let Some(defaults) = &mut packet.trace_packet_defaults {
+                defaults.timestamp_clock_id = Some(clock::BOOTTIME);
             }
             let unique = |uuid: u64| uuid ^ u64::from(machine) << 56;
             match &mut packet.data {
@@ -151,9 +153,6 @@ pub fn merge(hosts: Vec<(&str, HostTimeline)>) -> Vec<u8> {
                 }
                 Some(Data::TrackEvent(event)) => event.track_uuid = event.track_uuid.map(unique),
                 _ => {}
-            }
-            if packet.interned_data.is_some() {
-                packet.sequence_flags = Some(SEQ_INCREMENTAL_STATE_CLEARED);
             }
             append(&mut out, &packet);
         }

@@ -40,8 +40,9 @@ use crate::{
 /// the syscall table all the same).
 pub const MIN_SLICE_US: u32 = 100;
 
-/// Events kept by default (`--timeline-events`): about 24 MiB of `.pftrace` at most.
-pub const DEFAULT_EVENTS: usize = 500_000;
+/// Events kept by default (`--timeline-events`): about 10 MB of `.pftrace` (some 50 bytes an
+/// event) and 10 MB of sysprof's memory (48 bytes an event) at most.
+pub const DEFAULT_EVENTS: usize = 200_000;
 
 /// The slices' minimum is raised to this before any sample is dropped.
 const SLICES_FIRST_UNTIL_NS: u64 = 10_000_000;

@@ -9,11 +9,9 @@
 
 use prost::Message;
 
-#[derive(Clone, PartialEq, Message)]
-pub struct Trace {
-    #[prost(message, repeated, tag = "1")]
-    pub packet: Vec<TracePacket>,
-}
+// A trace file is the `Trace` message, `repeated TracePacket packet = 1`: packets written one
+// after another as field 1 (`prost::encoding::message::encode(1, ..)`), which is how sysprof
+// writes and reads them, one at a time.
 
 #[derive(Clone, PartialEq, Message)]
 pub struct TracePacket {
@@ -38,7 +36,6 @@ pub struct TracePacket {
 
 /// `TracePacket.sequence_flags`.
 pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
-pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 
 /// `BuiltinClock`.
 pub mod clock {
@@ -196,9 +193,10 @@ pub mod event_type {
 
 #[derive(Clone, PartialEq, Message)]
 pub struct DebugAnnotation {
-    #[prost(string, optional, tag = "10")]
-    pub name: Option<String>,
-    #[prost(oneof = "Value", tags = "3, 4, 6")]
+    /// Interned in `InternedData.debug_annotation_names`.
+    #[prost(uint64, optional, tag = "1")]
+    pub name_iid: Option<u64>,
+    #[prost(oneof = "Value", tags = "3, 4, 17")]
     pub value: Option<Value>,
 }
 
@@ -208,8 +206,9 @@ pub enum Value {
     Uint(u64),
     #[prost(int64, tag = "4")]
     Int(i64),
-    #[prost(string, tag = "6")]
-    String(String),
+    /// Interned in `InternedData.debug_annotation_string_values`.
+    #[prost(uint64, tag = "17")]
+    StringIid(u64),
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -228,6 +227,11 @@ pub struct PerfSample {
 pub struct InternedData {
     #[prost(message, repeated, tag = "2")]
     pub event_names: Vec<EventName>,
+    /// `DebugAnnotationName`, which has the fields of `EventName`.
+    #[prost(message, repeated, tag = "3")]
+    pub debug_annotation_names: Vec<EventName>,
+    #[prost(message, repeated, tag = "29")]
+    pub debug_annotation_string_values: Vec<InternedString>,
     #[prost(message, repeated, tag = "5")]
     pub function_names: Vec<InternedString>,
     #[prost(message, repeated, tag = "6")]

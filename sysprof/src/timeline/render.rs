@@ -8,7 +8,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use prost::Message as _;
 use sysprof_common::timeline::{TimelineEvent, kind};
 
 use super::{
@@ -16,8 +15,8 @@ use super::{
     perfetto::{
         Callstack, Clock, ClockSnapshot, CounterDescriptor, Data, DebugAnnotation, EventName, Frame,
         InternedData, InternedString, Mapping, PerfSample, ProcessDescriptor, ProcessTree,
-        ProcessTreeProcess, ProcessTreeThread, SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE,
-        ThreadDescriptor, Trace, TracePacket, TrackDescriptor, TrackEvent, Value, clock, event_type, unit,
+        ProcessTreeProcess, ProcessTreeThread, SEQ_INCREMENTAL_STATE_CLEARED, ThreadDescriptor, TracePacket,
+        TracePacketDefaults, TrackDescriptor, TrackEvent, Value, clock, event_type, unit,
     },
 };
 use crate::{
@@ -53,9 +52,10 @@ type Metric = (&'static str, i32, fn(&nvml::Sample) -> Option<f64>);
 /// The one packet sequence sysprof writes.
 const SEQUENCE: u32 = 1;
 
-/// Track uuids: the kind in the top bits, the id (pid, tid, device) below.
+/// Track uuids: the kind above the id (a pid or tid, below 2^22; a GPU metric's device and
+/// index), small enough that each event's track id takes four bytes.
 fn uuid(kind: u64, id: u64) -> u64 {
-    kind << 48 | id
+    kind << 23 | id
 }
 const PROCESS_TRACK: u64 = 1;
 const THREAD_TRACK: u64 = 2;
@@ -78,18 +78,16 @@ pub(crate) fn render(sources: &Sources<'_>) -> Vec<u8> {
     if let Some(gpu) = sources.gpu {
         for slice in &gpu.slices {
             let name = functions::by_id(slice.func).map_or("[unknown call]", |f| f.name);
-            let mut args = vec![annotation(
-                "call site",
-                sources.names.call_site(slice.tgid, slice.user_stack_id, slice.caller),
-            )];
+            let site = sources.names.call_site(slice.tgid, slice.user_stack_id, slice.caller);
+            let mut args = vec![writer.annotation("call site", &site)];
             if let Some(bytes) = slice.bytes {
-                args.push(DebugAnnotation { name: Some("bytes".into()), value: Some(Value::Uint(bytes)) });
+                args.push(writer.number("bytes", bytes));
             }
             if let Some(what) = slice.what {
-                args.push(annotation("direction", what.to_string()));
+                args.push(writer.annotation("direction", what));
             }
             if slice.failed {
-                args.push(annotation("result", "failed".into()));
+                args.push(writer.annotation("result", "failed"));
             }
             let stack = writer.user_callstack(sources.names.stacks(), slice.tgid, slice.user_stack_id);
             let track = uuid(THREAD_TRACK, u64::from(slice.tid));
@@ -102,33 +100,31 @@ pub(crate) fn render(sources: &Sources<'_>) -> Vec<u8> {
             r#type: Some(event_type::INSTANT),
             track_uuid: Some(uuid(NOTES_TRACK, 0)),
             name_iid: Some(writer.event_name("sysprof: not in this timeline")),
-            debug_annotations: vec![annotation("note", note.clone())],
+            debug_annotations: vec![writer.annotation("note", note)],
             ..TrackEvent::default()
         };
-        writer.timed(start, 0, Data::TrackEvent(event));
+        writer.timed(start, Data::TrackEvent(event));
     }
-    writer.finish(start)
-}
-
-fn annotation(name: &str, value: String) -> DebugAnnotation {
-    DebugAnnotation { name: Some(name.into()), value: Some(Value::String(value)) }
+    writer.finish()
 }
 
 /// Packets, and the interning tables their call stacks and names refer to.
 #[derive(Default)]
 struct Writer {
-    /// Descriptors and the clock snapshot, first.
-    head: Vec<TracePacket>,
-    /// The timed packets, encoded as they come (a trace's packets are each one field of the
-    /// `Trace` message), so that a large timeline costs its bytes, not its messages...
-    arena: Vec<u8>,
-    /// ... and where each is in `arena`, with its sort key: (time, ends before begins at the
-    /// same time).
-    timed: Vec<((u64, u8), std::ops::Range<usize>)>,
+    /// The trace so far: each packet is one field of the `Trace` message, encoded as it comes,
+    /// so that a large timeline costs its bytes, not its messages.
+    out: Vec<u8>,
+    /// Whether a packet that needs the sequence's interned state was written yet.
+    started: bool,
+    /// Interned entries not yet written: they go with the next timed packet, the first to
+    /// refer to them.
     interned: InternedData,
     names: HashMap<String, u64>,
+    annotation_names: HashMap<String, u64>,
+    annotation_values: HashMap<String, u64>,
     functions: HashMap<String, u64>,
     mappings: HashMap<String, u64>,
+    mapping_paths: HashMap<String, u64>,
     frames: HashMap<(u64, u64), u64>,
     callstacks: HashMap<Vec<u64>, u64>,
 }
@@ -137,7 +133,7 @@ impl Writer {
     fn clock_snapshot(&mut self, timeline: &Timeline) {
         let clocks = &timeline.clocks;
         let clock = |clock_id, timestamp| Clock { clock_id: Some(clock_id), timestamp: Some(timestamp) };
-        self.head.push(TracePacket {
+        self.untimed(TracePacket {
             trusted_packet_sequence_id: Some(SEQUENCE),
             data: Some(Data::ClockSnapshot(ClockSnapshot {
                 clocks: vec![
@@ -152,7 +148,7 @@ impl Writer {
     }
 
     fn descriptor(&mut self, descriptor: TrackDescriptor) {
-        self.head.push(TracePacket {
+        self.untimed(TracePacket {
             trusted_packet_sequence_id: Some(SEQUENCE),
             data: Some(Data::TrackDescriptor(descriptor)),
             ..TracePacket::default()
@@ -227,7 +223,7 @@ impl Writer {
                 });
             }
         }
-        self.head.push(TracePacket {
+        self.untimed(TracePacket {
             trusted_packet_sequence_id: Some(SEQUENCE),
             data: Some(Data::ProcessTree(tree)),
             ..TracePacket::default()
@@ -255,7 +251,7 @@ impl Writer {
                     tid: Some(event.tid),
                     callstack_iid: callstack,
                 });
-                self.timed(event.start_ns, 1, data);
+                self.timed(event.start_ns, data);
             }
             kind::OFF_CPU => {
                 let sample = stack_sample(event);
@@ -267,7 +263,7 @@ impl Writer {
                 let blocked_in = crate::callsites::own_frame(user).or(user.last());
                 let mut args = Vec::new();
                 if let Some(frame) = blocked_in {
-                    args.push(annotation("blocked in", crate::callsites::describe(frame)));
+                    args.push(self.annotation("blocked in", &crate::callsites::describe(frame)));
                 }
                 let woken = if event.mark_ns > event.start_ns {
                     event.mark_ns.min(event.end_ns)
@@ -288,7 +284,7 @@ impl Writer {
                 } else {
                     ret.to_string()
                 };
-                let args = vec![annotation("returned", result)];
+                let args = vec![self.annotation("returned", &result)];
                 self.slice(uuid(SYSCALL_TRACK, tid), event.start_ns, event.end_ns, name, args, None);
             }
             kind::CALL => {
@@ -310,11 +306,11 @@ impl Writer {
                         above.map_or_else(|| "[no user stack]".into(), crate::callsites::describe)
                     }
                 };
-                let mut args = vec![annotation("call site", site)];
+                let mut args = vec![self.annotation("call site", &site)];
                 let launch =
                     functions::by_id(event.detail).is_some_and(|f| matches!(f.kind, functions::Kind::Launch));
                 if launch && event.mark_ns != 0 {
-                    args.push(annotation("kernel", sources.names.symbol(event.tgid, event.mark_ns)));
+                    args.push(self.annotation("kernel", &sources.names.symbol(event.tgid, event.mark_ns)));
                 }
                 let stack = self.user_callstack(sources.names.stacks(), event.tgid, event.user_stack_id);
                 self.slice(uuid(THREAD_TRACK, tid), event.start_ns, event.end_ns, &name, args, stack);
@@ -380,7 +376,7 @@ impl Writer {
             double_counter_value: Some(value),
             ..TrackEvent::default()
         };
-        self.timed(at, 1, Data::TrackEvent(event));
+        self.timed(at, Data::TrackEvent(event));
     }
 
     /// A slice from `begin` to `end` on `track`.
@@ -402,30 +398,70 @@ impl Writer {
             callstack_iid: callstack,
             ..TrackEvent::default()
         };
-        self.timed(begin, 1, Data::TrackEvent(begin_event));
+        self.timed(begin, Data::TrackEvent(begin_event));
         let end_event = TrackEvent {
             r#type: Some(event_type::SLICE_END),
             track_uuid: Some(track),
             ..TrackEvent::default()
         };
-        // An end goes before the begins at its time (the next slice on the track may start
-        // where this one ends), except its own begin's.
-        let order = if end > begin { 0 } else { 2 };
-        self.timed(end.max(begin), order, Data::TrackEvent(end_event));
+        // Right after its begin: a track's slices come in order (each family records its
+        // thread's in turn), so each ends before the next begins, also at equal times.
+        self.timed(end.max(begin), Data::TrackEvent(end_event));
     }
 
-    fn timed(&mut self, at: u64, order: u8, data: Data) {
+    /// A packet of the sequence that needs no interned state (descriptors, the clock).
+    fn untimed(&mut self, packet: TracePacket) {
+        prost::encoding::message::encode(1, &packet, &mut self.out);
+    }
+
+    /// A packet at `at`, with the interned entries it is the first to use. Trace processor
+    /// sorts packets by time, so they are written as they come.
+    fn timed(&mut self, at: u64, data: Data) {
+        let interned = std::mem::take(&mut self.interned);
+        let has_interned = !(interned.event_names.is_empty()
+            && interned.debug_annotation_names.is_empty()
+            && interned.debug_annotation_string_values.is_empty()
+            && interned.function_names.is_empty()
+            && interned.frames.is_empty()
+            && interned.callstacks.is_empty()
+            && interned.mappings.is_empty());
+        // The first packet starts the sequence's state: its interned data, and its default
+        // clock (the kernel's monotonic one), which every later packet then leaves out.
+        let first = !self.started;
+        self.started = true;
         let packet = TracePacket {
             timestamp: Some(at),
-            timestamp_clock_id: Some(clock::MONOTONIC),
             trusted_packet_sequence_id: Some(SEQUENCE),
-            sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
+            sequence_flags: first.then_some(SEQ_INCREMENTAL_STATE_CLEARED),
+            trace_packet_defaults: first
+                .then_some(TracePacketDefaults { timestamp_clock_id: Some(clock::MONOTONIC) }),
+            interned_data: has_interned.then_some(interned),
             data: Some(data),
             ..TracePacket::default()
         };
-        let start = self.arena.len();
-        prost::encoding::message::encode(1, &packet, &mut self.arena);
-        self.timed.push(((at, order), start..self.arena.len()));
+        prost::encoding::message::encode(1, &packet, &mut self.out);
+    }
+
+    /// An annotation of a string, name and value interned: a timeline repeats both.
+    fn annotation(&mut self, name: &str, value: &str) -> DebugAnnotation {
+        let name_iid = self.annotation_name(name);
+        let value =
+            intern(&mut self.annotation_values, &mut self.interned.debug_annotation_string_values, value);
+        DebugAnnotation { name_iid: Some(name_iid), value: Some(Value::StringIid(value)) }
+    }
+
+    fn number(&mut self, name: &str, value: u64) -> DebugAnnotation {
+        DebugAnnotation { name_iid: Some(self.annotation_name(name)), value: Some(Value::Uint(value)) }
+    }
+
+    fn annotation_name(&mut self, name: &str) -> u64 {
+        if let Some(&iid) = self.annotation_names.get(name) {
+            return iid;
+        }
+        let iid = self.annotation_names.len() as u64 + 1;
+        self.annotation_names.insert(name.to_string(), iid);
+        self.interned.debug_annotation_names.push(EventName { iid: Some(iid), name: Some(name.to_string()) });
+        iid
     }
 
     fn event_name(&mut self, name: &str) -> u64 {
@@ -464,7 +500,7 @@ impl Writer {
         let mapping = match self.mappings.get(&frame.module) {
             Some(&iid) => iid,
             None => {
-                let path = intern(&mut HashMap::new(), &mut self.interned.mapping_paths, &frame.module);
+                let path = intern(&mut self.mapping_paths, &mut self.interned.mapping_paths, &frame.module);
                 let iid = self.mappings.len() as u64 + 1;
                 self.interned.mappings.push(Mapping { iid: Some(iid), path_string_ids: vec![path] });
                 self.mappings.insert(frame.module.clone(), iid);
@@ -486,25 +522,9 @@ impl Writer {
         iid
     }
 
-    /// The trace: descriptors, the interned data, then every timed packet in time order.
-    fn finish(mut self, start: u64) -> Vec<u8> {
-        self.timed.sort_by_key(|(key, _)| *key);
-        let interned = TracePacket {
-            timestamp: Some(start),
-            timestamp_clock_id: Some(clock::MONOTONIC),
-            trusted_packet_sequence_id: Some(SEQUENCE),
-            sequence_flags: Some(SEQ_INCREMENTAL_STATE_CLEARED),
-            interned_data: Some(std::mem::take(&mut self.interned)),
-            ..TracePacket::default()
-        };
-        let mut packet = self.head;
-        packet.push(interned);
-        let mut bytes = Trace { packet }.encode_to_vec();
-        bytes.reserve(self.arena.len());
-        for (_, range) in &self.timed {
-            bytes.extend_from_slice(&self.arena[range.clone()]);
-        }
-        bytes
+    /// The trace.
+    fn finish(self) -> Vec<u8> {
+        self.out
     }
 }
 
@@ -513,7 +533,8 @@ fn intern(ids: &mut HashMap<String, u64>, table: &mut Vec<InternedString>, text:
     if let Some(&iid) = ids.get(text) {
         return iid;
     }
-    let iid = table.len() as u64 + 1;
+    // From the map, which keeps every id given: the table holds only those not yet written.
+    let iid = ids.len() as u64 + 1;
     table.push(InternedString { iid: Some(iid), str: Some(text.as_bytes().to_vec()) });
     ids.insert(text.to_string(), iid);
     iid
