@@ -455,23 +455,11 @@ impl Writer {
     }
 
     fn annotation_name(&mut self, name: &str) -> u64 {
-        if let Some(&iid) = self.annotation_names.get(name) {
-            return iid;
-        }
-        let iid = self.annotation_names.len() as u64 + 1;
-        self.annotation_names.insert(name.to_string(), iid);
-        self.interned.debug_annotation_names.push(EventName { iid: Some(iid), name: Some(name.to_string()) });
-        iid
+        intern_name(&mut self.annotation_names, &mut self.interned.debug_annotation_names, name)
     }
 
     fn event_name(&mut self, name: &str) -> u64 {
-        if let Some(&iid) = self.names.get(name) {
-            return iid;
-        }
-        let iid = self.names.len() as u64 + 1;
-        self.names.insert(name.to_string(), iid);
-        self.interned.event_names.push(EventName { iid: Some(iid), name: Some(name.to_string()) });
-        iid
+        intern_name(&mut self.names, &mut self.interned.event_names, name)
     }
 
     /// The user part of a call's stack, interned.
@@ -526,6 +514,17 @@ impl Writer {
     fn finish(self) -> Vec<u8> {
         self.out
     }
+}
+
+/// The interned id of a name (an event's, an annotation's) in `table`, as [`intern`] does.
+fn intern_name(ids: &mut HashMap<String, u64>, table: &mut Vec<EventName>, name: &str) -> u64 {
+    if let Some(&iid) = ids.get(name) {
+        return iid;
+    }
+    let iid = ids.len() as u64 + 1;
+    table.push(EventName { iid: Some(iid), name: Some(name.to_string()) });
+    ids.insert(name.to_string(), iid);
+    iid
 }
 
 /// The interned id of `text` in `table` (ids from 1), adding it when new.
