@@ -251,3 +251,30 @@ fn the_report_has_every_table() {
     }
     assert_no_sysprof_programs();
 }
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_wait_at_the_same_place_from_another_caller_keeps_its_own_stack() {
+    let Some(_guard) = root_guard("a_wait_at_the_same_place_from_another_caller_keeps_its_own_stack") else {
+        return;
+    };
+    // The switch program keeps a thread's last user stack for its next wait at the same place
+    // (the same registers at the syscall and return addresses above them): here every sleep is
+    // the same call at the same depth, alternately from two callers, and each must keep its
+    // own. 10 rounds of 2 x 20 ms.
+    let (dir, _) = trace_sysload(&["--focus", "sched"], &["twosites", "10", "20"]);
+    let folded = read_folded(&dir.path().join("offcpu.folded"));
+    let under = |caller: &str| -> u64 {
+        folded
+            .iter()
+            .filter(|(frames, _)| frames[1] == "[sleep]" && frames.iter().any(|f| f == caller))
+            .map(|(_, us)| us)
+            .sum()
+    };
+    let (a, b) = (under("sleep_from_a"), under("sleep_from_b"));
+    // The first sleep may come before libc's table is in (its stack then skips its caller).
+    for (caller, us) in [("sleep_from_a", a), ("sleep_from_b", b)] {
+        assert!((180_000..260_000).contains(&us), "{us} us under {caller}, expected 10 x 20 ms: {folded:?}");
+    }
+    assert_no_sysprof_programs();
+}

@@ -83,7 +83,9 @@ pub const MAPPINGS_PER_PROCESS: usize = 512;
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessMappings {
     pub count: u32,
-    pub _pad: u32,
+    /// A digest of the entry (its mappings and their tables), which changes whenever a table
+    /// comes in: a stack walked before is then walked again (see `sched.rs`).
+    pub digest: u32,
     pub mappings: [ExecMapping; MAPPINGS_PER_PROCESS],
 }
 shared!(ProcessMappings, 8 + 32 * MAPPINGS_PER_PROCESS);

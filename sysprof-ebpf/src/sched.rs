@@ -28,7 +28,7 @@ use crate::{
     histogram::record,
     maps::stack_id,
     syscalls, target,
-    task_state::{TARGET, TASK_STATE, TaskState},
+    task_state::{StackCache, TARGET, TASK_STATE, TaskState},
     timeline, window,
 };
 
@@ -93,8 +93,28 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     state.waker_seen = 0;
     state.offcpu_state = prev_state;
     state.runnable_since_ns = if involuntary { now } else { 0 };
-    state.offcpu_user_stack = stack_id(ctx, BPF_F_USER_STACK as u64);
+    state.offcpu_user_stack = user_stack(ctx, &mut state.blocked);
     state.offcpu_kernel_stack = stack_id(ctx, 0);
+}
+
+/// The current thread's user stack: the one `cache` holds when the thread is where it was when
+/// the cache was filled, else walked (and kept). Not kept for Python, whose frames the
+/// registers do not show, nor when the process's unwind tables changed since (the libraries a
+/// new process maps come in during its first milliseconds).
+#[inline(always)]
+fn user_stack(ctx: &BtfTracePointContext, cache: &mut StackCache) -> i32 {
+    let (at, tables) = (crate::unwind::user_entry(), crate::unwind::tables_digest());
+    if at[0] != 0
+        && at == cache.at
+        && tables == cache.tables
+        && cache.stack >= 0
+        && crate::python::process().is_none()
+    {
+        return cache.stack;
+    }
+    let stack = stack_id(ctx, BPF_F_USER_STACK as u64);
+    (cache.at, cache.tables, cache.stack) = (at, tables, stack);
+    stack
 }
 
 /// The on-CPU stretch the thread ends now (and the wait before it, when its arrival was not
@@ -238,7 +258,10 @@ fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
     state.waker_tgid = tgid;
     state.waker_tid = tid;
     state.waker_user_stack = if target::is_current_target_cached(tgid) {
-        stack_id(ctx, BPF_F_USER_STACK as u64)
+        match TASK_STATE.current(false) {
+            Some(waker) => user_stack(ctx, &mut waker.waking),
+            None => stack_id(ctx, BPF_F_USER_STACK as u64),
+        }
     } else {
         stack::NONE
     };

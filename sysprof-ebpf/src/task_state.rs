@@ -41,6 +41,22 @@ pub struct TaskState {
     pub waker_tgid: u32,
     pub waker_tid: u32,
     pub waker_user_stack: i32,
+    /// Its user stack as last walked where it blocked, and where it last woke another thread
+    /// (see [`StackCache`]).
+    pub blocked: StackCache,
+    pub waking: StackCache,
+}
+
+/// A user stack walked at one place, kept for the next time the thread is at that very place:
+/// where it entered the kernel from user space (`unwind::user_entry`) and its process's unwind
+/// tables then (`unwind::tables_digest`). A loop's read, a worker's wait, a producer's wakeup
+/// are at the same place each time, and walking the stack is the costly part of a switch.
+#[repr(C)]
+pub struct StackCache {
+    pub at: [u64; 5],
+    pub tables: u32,
+    /// Its id, or a `stack::` marker (never reused).
+    pub stack: i32,
 }
 
 pub const UNDECIDED: u32 = 0;

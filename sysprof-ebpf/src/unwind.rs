@@ -178,6 +178,28 @@ struct Registers {
     bp: u64,
 }
 
+/// The digest of the current process's entry (`ProcessMappings::digest`), 0 when it has none.
+#[inline(always)]
+pub fn tables_digest() -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a map value, valid for the program's run.
+    PROCESS_MAPPINGS.get_ptr(tgid).map_or(0, |entry| unsafe { (*entry).digest })
+}
+
+/// Where the current thread entered the kernel from user mode: its instruction, stack and frame
+/// pointers and the two return addresses nearest them (at the stack pointer, and above the
+/// frame pointer). All zero when it was not in user mode.
+#[inline(always)]
+pub fn user_entry() -> [u64; 5] {
+    #[cfg(bpf_target_arch = "x86_64")]
+    if let Some(regs) = user_registers() {
+        // SAFETY: the helper checks the user addresses; a failed read is 0.
+        let read = |at: u64| unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+        return [regs.ip, regs.sp, regs.bp, read(regs.sp), read(regs.bp.wrapping_add(8))];
+    }
+    [0; 5]
+}
+
 /// x86_64 `struct pt_regs`, in u64 slots (the kernel's ABI for ptrace).
 const PT_REGS_SLOTS: usize = 21;
 const REG_BP: usize = 4;

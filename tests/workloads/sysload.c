@@ -3,6 +3,9 @@
 //   sysload getppid N             N getppid calls; prints "ns_per_call=X" (the benchmark timer)
 //   sysload badclose N            N close(-1) calls, each failing with EBADF
 //   sysload sleep K MS            K sleeps of MS milliseconds, all in sleep_in_named_function
+//   sysload twosites K MS         K rounds of two sleeps of MS ms, one from sleep_from_a and one
+//                                 from sleep_from_b: the same sleep at the same depth, from two
+//                                 callers (a blocking place told apart by its stack alone)
 //   sysload nanosleeps N1 US1 N2 US2
 //                                 N1 sleeps of US1 microseconds, then N2 of US2
 //   sysload pingpong N            N round trips of one byte between two processes over pipes;
@@ -54,6 +57,16 @@ __attribute__((noinline)) void sleep_in_named_function(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+__attribute__((noinline)) void sleep_from_a(long ms) {
+    sleep_in_named_function(ms);
+    __asm__ volatile("");
+}
+
+__attribute__((noinline)) void sleep_from_b(long ms) {
+    sleep_in_named_function(ms);
+    __asm__ volatile("");
 }
 
 __attribute__((noinline)) int maybe_fail(int i) { return i % 2 ? -1 : i; }
@@ -167,6 +180,14 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "sleep") == 0 && argc >= 4) {
         long k = atol(argv[2]), ms = atol(argv[3]);
         for (long i = 0; i < k; i++) sleep_in_named_function(ms);
+        return 0;
+    }
+    if (strcmp(mode, "twosites") == 0 && argc >= 4) {
+        long k = atol(argv[2]), ms = atol(argv[3]);
+        for (long i = 0; i < k; i++) {
+            sleep_from_a(ms);
+            sleep_from_b(ms);
+        }
         return 0;
     }
     if (strcmp(mode, "nanosleeps") == 0 && argc >= 6) {

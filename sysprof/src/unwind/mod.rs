@@ -367,7 +367,7 @@ fn entry_for(
 ) -> Box<ProcessMappings> {
     let mut entry = Box::new(ProcessMappings {
         count: 0,
-        _pad: 0,
+        digest: 0,
         mappings: [ExecMapping::default(); MAPPINGS_PER_PROCESS],
     });
     for (slot, mapping) in entry.mappings.iter_mut().zip(mappings) {
@@ -394,7 +394,23 @@ fn entry_for(
         }
     }
     entry.count = mappings.len().min(MAPPINGS_PER_PROCESS) as u32;
+    entry.digest = digest(&entry.mappings[..entry.count as usize]);
     entry
+}
+
+/// FNV-1a over the mappings' fields, never 0 (which the kernel side reads as "no entry").
+fn digest(mappings: &[ExecMapping]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for mapping in mappings {
+        for word in
+            [mapping.start, mapping.end, u64::from(mapping.first_row), u64::from(mapping.rows), mapping.bias]
+        {
+            for byte in word.to_le_bytes() {
+                hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+            }
+        }
+    }
+    hash.max(1)
 }
 
 /// Whether `path` starts as an ELF file does.
