@@ -102,6 +102,24 @@ fn polls_the_nvml_double_and_reports_every_table() {
     ] {
         assert!(markdown.contains(heading), "missing {heading}");
     }
+
+    // On the timeline: a counter track per device and metric, a value per poll.
+    if let Some(timeline) = perfetto_summary(&dir.path().join("timeline.pftrace")) {
+        let tracks = timeline["tracks"].as_array().unwrap();
+        let sm = tracks
+            .iter()
+            .find(|t| t["kind"] == "counter" && t["name"] == "GPU 0 SM utilization (%)")
+            .unwrap_or_else(|| panic!("no SM utilization track: {tracks:?}"));
+        let values: Vec<f64> = timeline["counters"][sm["uuid"].to_string()]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(values.len() as u64, samples);
+        assert!((values.iter().sum::<f64>() / values.len() as f64 - 85.0).abs() < 1e-9, "{values:?}");
+        assert!(tracks.iter().any(|t| t["name"] == "GPU 1 memory used"), "{tracks:?}");
+    }
 }
 
 #[test]
