@@ -24,7 +24,10 @@ use crate::{
     },
     selfcost,
     symbolize::Symbolizer,
-    timeline::{self, Timeline, TimelineStacks},
+    timeline::{
+        Timeline,
+        render::{self as timeline, TimelineStacks},
+    },
 };
 
 /// What the pipeline itself reads of the maps, beside the families: the counters, and the

@@ -195,7 +195,7 @@ pub struct TraceArgs {
     /// Events timeline.pftrace keeps at most (samples, waits off the CPU and system calls of
     /// 100 µs or more, probed calls): past it the shortest waits and calls go first, then samples
     /// are thinned, and the report says so. 0: no timeline
-    #[arg(long, value_name = "N", default_value_t = crate::timeline::DEFAULT_EVENTS)]
+    #[arg(long, value_name = "N", default_value_t = crate::config::DEFAULT_TIMELINE_EVENTS)]
     pub timeline_events: usize,
 
     /// Time a function of the target: BIN is a path, or the name of a binary or library the

@@ -130,6 +130,10 @@ pub struct TraceConfig {
     pub invoking_user: Option<InvokingUser>,
 }
 
+/// Events kept by default (`--timeline-events`): about 10 MB of `.pftrace` (some 50 bytes an
+/// event) and 10 MB of sysprof's memory (48 bytes an event) at most.
+pub const DEFAULT_TIMELINE_EVENTS: usize = 200_000;
+
 impl TraceConfig {
     /// A configuration with the CLI's defaults for `target`.
     pub fn new(target: Target) -> Self {
@@ -147,7 +151,7 @@ impl TraceConfig {
             nvml_library: None,
             malloc: false,
             memory_interval: Duration::from_millis(250),
-            timeline_events: crate::timeline::DEFAULT_EVENTS,
+            timeline_events: DEFAULT_TIMELINE_EVENTS,
             focus: Vec::new(),
             output_dir: PathBuf::from("profile_output"),
             quiet: false,

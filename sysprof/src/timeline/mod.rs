@@ -15,34 +15,21 @@
 pub mod perfetto;
 pub(crate) mod render;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+/// The file name in the output directory.
+pub const FILE_NAME: &str = "timeline.pftrace";
+
+use std::collections::BTreeMap;
 
 use aya::maps::{MapData, RingBuf};
 use serde::{Deserialize, Serialize};
-use sysprof_common::{
-    Counter,
-    timeline::{TimelineEvent, kind},
-};
+use sysprof_common::timeline::{TimelineEvent, kind};
 
-use crate::{
-    callsites::CallNames,
-    gpu::state::GpuState,
-    output::Rendered,
-    procs::ProcessTable,
-    profile::ResolvedStacks,
-    readout::{Bytes, Counters},
-    recording::Recording,
-    symbolize::Symbolizer,
-};
+use crate::readout::Bytes;
 
 /// The shortest wait off the CPU and system call the kernel records, in microseconds: shorter
 /// ones are frequent and say little on a timeline (their time is in the off-CPU profile and
 /// the syscall table all the same).
 pub const MIN_SLICE_US: u32 = 100;
-
-/// Events kept by default (`--timeline-events`): about 10 MB of `.pftrace` (some 50 bytes an
-/// event) and 10 MB of sysprof's memory (48 bytes an event) at most.
-pub const DEFAULT_EVENTS: usize = 200_000;
 
 /// The slices' minimum is raised to this before any sample is dropped.
 const SLICES_FIRST_UNTIL_NS: u64 = 10_000_000;
@@ -235,82 +222,6 @@ impl Timeline {
             )
         })
     }
-}
-
-/// The file name in the output directory.
-pub const FILE_NAME: &str = "timeline.pftrace";
-
-/// The stack ids the timeline's events refer to: its samples' (in `CPU_STACKS`) and its
-/// waits' (in `STACKS`; the calls' are the call table's, read with it).
-pub(crate) fn stack_ids(timeline: &Timeline) -> (BTreeSet<u32>, BTreeSet<u32>) {
-    let mut samples = BTreeSet::new();
-    let mut waits = BTreeSet::new();
-    for event in &timeline.events {
-        let ids = match event.kind {
-            kind::SAMPLE => &mut samples,
-            kind::OFF_CPU => &mut waits,
-            _ => continue,
-        };
-        ids.extend(
-            [event.user_stack_id, event.kernel_stack_id].into_iter().filter_map(|id| u32::try_from(id).ok()),
-        );
-    }
-    (samples, waits)
-}
-
-/// The stacks the timeline's events refer to, as read from the maps.
-pub(crate) struct TimelineStacks {
-    /// Ids in `CPU_STACKS`.
-    pub samples: HashMap<u32, Vec<u64>>,
-    /// Ids in `STACKS`.
-    pub waits: HashMap<u32, Vec<u64>>,
-}
-
-/// `timeline.pftrace`, and the lines the report says of what it could not show.
-#[expect(clippy::too_many_arguments, reason = "what the timeline draws on, each owned by the analysis")]
-pub(crate) fn write(
-    timeline: &Timeline,
-    stacks: &TimelineStacks,
-    names: &CallNames,
-    recording: &Recording,
-    gpu: Option<&GpuState>,
-    processes: &mut ProcessTable,
-    symbolizer: &mut Symbolizer,
-    counters: &Counters,
-) -> (Rendered, Vec<String>) {
-    let of_kind =
-        |wanted: u32| timeline.events.iter().filter(move |e| e.kind == wanted).map(render::stack_sample);
-    let samples: Vec<_> = of_kind(kind::SAMPLE).collect();
-    let waits: Vec<_> = of_kind(kind::OFF_CPU).collect();
-    let sample_stacks = ResolvedStacks::resolve(&samples, &stacks.samples, processes, symbolizer);
-    let wait_stacks = ResolvedStacks::resolve(&waits, &stacks.waits, processes, symbolizer);
-    let mut notes: Vec<String> = timeline.thinning_note().into_iter().collect();
-    let lost = counters.get(Counter::TimelineLost);
-    if lost > 0 {
-        notes.push(format!(
-            "{} timeline events were lost in the kernel (its ring was full between two drains): the timeline has              gaps, every other output is whole",
-            crate::report::format::thousands(lost)
-        ));
-    }
-    if let Some(gpu) = gpu.filter(|gpu| gpu.slices_dropped > 0) {
-        notes.push(format!(
-            "the timeline shows the first {} GPU calls with arguments; {} later ones are only in the tables",
-            crate::report::format::thousands(gpu.slices.len() as u64),
-            crate::report::format::thousands(gpu.slices_dropped)
-        ));
-    }
-    let sources = render::Sources {
-        timeline,
-        sample_stacks: &sample_stacks,
-        wait_stacks: &wait_stacks,
-        names,
-        functions: &recording.calls.functions,
-        gpu,
-        processes,
-        nvml: recording.nvml.as_ref().map(|(samples, _)| samples.as_slice()),
-        notes: notes.clone(),
-    };
-    (Rendered { name: FILE_NAME.into(), bytes: render::render(&sources) }, notes)
 }
 
 /// A thread's name from /proc, or its process's when the thread is gone, or empty.

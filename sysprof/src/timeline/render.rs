@@ -8,10 +8,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use sysprof_common::timeline::{TimelineEvent, kind};
+use sysprof_common::{
+    Counter,
+    timeline::{TimelineEvent, kind},
+};
 
 use super::{
-    Timeline,
+    FILE_NAME, Timeline,
     perfetto::{
         Callstack, Clock, ClockSnapshot, CounterDescriptor, Data, DebugAnnotation, EventName, Frame,
         InternedData, InternedString, Mapping, PerfSample, ProcessDescriptor, ProcessTree,
@@ -23,11 +26,87 @@ use crate::{
     callsites::{CallNames, Names as _},
     funcs::ProbedFunction,
     gpu::{functions, nvml, state::GpuState},
+    output::Rendered,
     procs::ProcessTable,
     profile::{ResolvedStacks, StackSample},
+    readout::Counters,
+    recording::Recording,
     sched::offcpu_reason,
     symbolize::Frame as SymbolFrame,
+    symbolize::Symbolizer,
 };
+
+/// The stack ids the timeline's events refer to: its samples' (in `CPU_STACKS`) and its
+/// waits' (in `STACKS`; the calls' are the call table's, read with it).
+pub(crate) fn stack_ids(timeline: &Timeline) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let mut samples = BTreeSet::new();
+    let mut waits = BTreeSet::new();
+    for event in &timeline.events {
+        let ids = match event.kind {
+            kind::SAMPLE => &mut samples,
+            kind::OFF_CPU => &mut waits,
+            _ => continue,
+        };
+        ids.extend(
+            [event.user_stack_id, event.kernel_stack_id].into_iter().filter_map(|id| u32::try_from(id).ok()),
+        );
+    }
+    (samples, waits)
+}
+
+/// The stacks the timeline's events refer to, as read from the maps.
+pub(crate) struct TimelineStacks {
+    /// Ids in `CPU_STACKS`.
+    pub samples: HashMap<u32, Vec<u64>>,
+    /// Ids in `STACKS`.
+    pub waits: HashMap<u32, Vec<u64>>,
+}
+
+/// `timeline.pftrace`, and the lines the report says of what it could not show.
+#[expect(clippy::too_many_arguments, reason = "what the timeline draws on, each owned by the analysis")]
+pub(crate) fn write(
+    timeline: &Timeline,
+    stacks: &TimelineStacks,
+    names: &CallNames,
+    recording: &Recording,
+    gpu: Option<&GpuState>,
+    processes: &mut ProcessTable,
+    symbolizer: &mut Symbolizer,
+    counters: &Counters,
+) -> (Rendered, Vec<String>) {
+    let of_kind = |wanted: u32| timeline.events.iter().filter(move |e| e.kind == wanted).map(stack_sample);
+    let samples: Vec<_> = of_kind(kind::SAMPLE).collect();
+    let waits: Vec<_> = of_kind(kind::OFF_CPU).collect();
+    let sample_stacks = ResolvedStacks::resolve(&samples, &stacks.samples, processes, symbolizer);
+    let wait_stacks = ResolvedStacks::resolve(&waits, &stacks.waits, processes, symbolizer);
+    let mut notes: Vec<String> = timeline.thinning_note().into_iter().collect();
+    let lost = counters.get(Counter::TimelineLost);
+    if lost > 0 {
+        notes.push(format!(
+            "{} timeline events were lost in the kernel (its ring was full between two drains): the timeline has              gaps, every other output is whole",
+            crate::report::format::thousands(lost)
+        ));
+    }
+    if let Some(gpu) = gpu.filter(|gpu| gpu.slices_dropped > 0) {
+        notes.push(format!(
+            "the timeline shows the first {} GPU calls with arguments; {} later ones are only in the tables",
+            crate::report::format::thousands(gpu.slices.len() as u64),
+            crate::report::format::thousands(gpu.slices_dropped)
+        ));
+    }
+    let sources = Sources {
+        timeline,
+        sample_stacks: &sample_stacks,
+        wait_stacks: &wait_stacks,
+        names,
+        functions: &recording.calls.functions,
+        gpu,
+        processes,
+        nvml: recording.nvml.as_ref().map(|(samples, _)| samples.as_slice()),
+        notes: notes.clone(),
+    };
+    (Rendered { name: FILE_NAME.into(), bytes: render(&sources) }, notes)
+}
 
 /// What the trace is made of: the timeline's events, and what the analysis resolved.
 pub(crate) struct Sources<'a> {
