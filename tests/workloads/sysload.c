@@ -1,6 +1,9 @@
 // Syscall and scheduler workloads with known answers, for sysprof's tests and benchmarks.
 //
-//   sysload getppid N             N getppid calls; prints "ns_per_call=X" (the benchmark timer)
+//   sysload getppid N [spread]    N getppid calls; prints "ns_per_call=X" (the benchmark timer).
+//                                 With spread, an equal share of the calls on each CPU it may
+//                                 use in turn: a tracer can cost more on one CPU than another
+//                                 (bpftrace's tracepoint perf event lives on CPU 0 alone)
 //   sysload badclose N            N close(-1) calls, each failing with EBADF
 //   sysload sleep K MS            K sleeps of MS milliseconds, all in sleep_in_named_function
 //   sysload twosites K MS         K rounds of two sleeps of MS ms, one from sleep_from_a and one
@@ -8,8 +11,13 @@
 //                                 callers (a blocking place told apart by its stack alone)
 //   sysload nanosleeps N1 US1 N2 US2
 //                                 N1 sleeps of US1 microseconds, then N2 of US2
-//   sysload pingpong N            N round trips of one byte between two processes over pipes;
-//                                 prints "ns_per_call=X" per round trip
+//   sysload pingpong N [CPU|spread]
+//                                 N round trips of one byte between two processes over pipes;
+//                                 prints "ns_per_call=X" per round trip. With CPU, both run
+//                                 on that CPU: each round trip is two context switches and no
+//                                 cross-CPU wakeup, whose cost (tens of us in a VM) would
+//                                 drown what a tracer adds. With spread, an equal share of the
+//                                 round trips on each CPU it may use, both processes on it
 //   sysload smallwrites N         N one-byte writes to /dev/null
 //   sysload negatives N           N calls of maybe_fail, half of which return -1
 //   sysload probecall N           N calls of probed_function; prints "ns_per_call=X" (the
@@ -31,6 +39,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +59,49 @@ static void sleep_us(long us) {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+// The CPUs this process may run on, into cpus; how many.
+static int usable_cpus(int *cpus) {
+    cpu_set_t set;
+    int count = 0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (CPU_ISSET(cpu, &set)) cpus[count++] = cpu;
+    }
+    return count;
+}
+
+static int pin_to(int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one);
+}
+
+// N round trips of one byte with a child process over two pipes; the seconds they took, or -1.
+static double pingpong(long n) {
+    int there[2], back[2];
+    if (pipe(there) || pipe(back)) return -1;
+    char byte = 0;
+    pid_t child = fork();
+    if (child == 0) {
+        for (long i = 0; i < n; i++) {
+            if (read(there[0], &byte, 1) != 1 || write(back[1], &byte, 1) != 1) _exit(1);
+        }
+        _exit(0);
+    }
+    double start = now();
+    for (long i = 0; i < n; i++) {
+        if (write(there[1], &byte, 1) != 1 || read(back[0], &byte, 1) != 1) return -1;
+    }
+    double elapsed = now() - start;
+    waitpid(child, NULL, 0);
+    for (int i = 0; i < 2; i++) {
+        close(there[i]);
+        close(back[i]);
+    }
+    return elapsed;
 }
 
 // Calls nanosleep itself: the innermost function of the program's own on the sleeping stack.
@@ -143,9 +195,16 @@ int main(int argc, char **argv) {
     }
     if (strcmp(mode, "getppid") == 0) {
         long n = atol(argv[2]);
-        double start = now();
-        for (long i = 0; i < n; i++) syscall(SYS_getppid);
-        printf("ns_per_call=%.2f\n", (now() - start) * 1e9 / n);
+        int cpus[CPU_SETSIZE], count = argc >= 4 && strcmp(argv[3], "spread") == 0 ? usable_cpus(cpus) : 0;
+        double elapsed = 0;
+        for (int c = 0; c < (count ? count : 1); c++) {
+            long share = count ? n / count : n;
+            if (count && pin_to(cpus[c]) != 0) return 1;
+            double start = now();
+            for (long i = 0; i < share; i++) syscall(SYS_getppid);
+            elapsed += now() - start;
+        }
+        printf("ns_per_call=%.2f\n", elapsed * 1e9 / (count ? n / count * count : n));
         return 0;
     }
     if (strcmp(mode, "badclose") == 0) {
@@ -198,23 +257,22 @@ int main(int argc, char **argv) {
     }
     if (strcmp(mode, "pingpong") == 0) {
         long n = atol(argv[2]);
-        int there[2], back[2];
-        if (pipe(there) || pipe(back)) return 1;
-        char byte = 0;
-        pid_t child = fork();
-        if (child == 0) {
-            for (long i = 0; i < n; i++) {
-                if (read(there[0], &byte, 1) != 1 || write(back[1], &byte, 1) != 1) _exit(1);
-            }
-            _exit(0);
+        int cpus[CPU_SETSIZE], count = 0;
+        if (argc >= 4 && strcmp(argv[3], "spread") == 0) {
+            count = usable_cpus(cpus);
+        } else if (argc >= 4) {
+            cpus[0] = atoi(argv[3]);
+            count = 1;
         }
-        double start = now();
-        for (long i = 0; i < n; i++) {
-            if (write(there[1], &byte, 1) != 1 || read(back[0], &byte, 1) != 1) return 1;
+        double elapsed = 0;
+        for (int c = 0; c < (count ? count : 1); c++) {
+            // Before the fork: the child inherits it.
+            if (count && pin_to(cpus[c]) != 0) return 1;
+            double took = pingpong(count ? n / count : n);
+            if (took < 0) return 1;
+            elapsed += took;
         }
-        double elapsed = now() - start;
-        waitpid(child, NULL, 0);
-        printf("ns_per_call=%.2f\n", elapsed * 1e9 / n);
+        printf("ns_per_call=%.2f\n", elapsed * 1e9 / (count ? n / count * count : n));
         return 0;
     }
     if ((strcmp(mode, "lockstorm") == 0 || strcmp(mode, "lockedsleep") == 0) && argc >= 4) {

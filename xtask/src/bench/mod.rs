@@ -14,6 +14,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+mod footprint;
+mod others;
+mod realistic;
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Which benchmark (all of them, and the summary table, by default)
@@ -31,8 +35,8 @@ enum Bench {
     /// A getppid loop: ns added per syscall by sysprof's syscall tracing and by the bpftrace
     /// equivalent (raw_syscalls enter/exit, latency histogram by syscall id)
     Syscalls,
-    /// Pipe ping-pong between two processes: ns added per round trip (four context switches) by
-    /// sysprof's scheduler tracing and by bpftrace on sched_switch
+    /// Pipe ping-pong between two processes on one CPU: ns added per round trip (two context
+    /// switches) by sysprof's scheduler tracing and by bpftrace on sched_switch
     Sched,
     /// A function called in a loop: ns added per call by a sysprof probe (`--func`, the
     /// machinery of the CUDA/NCCL probes) and by bpftrace uprobe+uretprobe
@@ -56,6 +60,15 @@ enum Bench {
     /// A CPU-bound pure-Python script (tests/workloads/python_app.py bench): slowdown at 99 and
     /// 999 Hz with sysprof (Python frames and native ones) and with py-spy at the same rate
     Python,
+    /// What tracing one process (`--pid` of a sleeping one) adds to every other process's
+    /// syscalls, context switches and page faults, beside bpftrace with a pid filter
+    Others,
+    /// Peak RSS and CPU time of the tool itself for a 10 s trace of the whole machine, beside
+    /// `perf record -a -g` + `perf script`
+    Footprint,
+    /// `xz -9` and `make -j2` of a small C project, bare and under sysprof's default run:
+    /// slowdown, and BPF time as a share of the CPU time available
+    Realistic,
     /// All of the above
     All,
 }
@@ -73,6 +86,8 @@ struct Measured {
     metric: f64,
     /// The whole command, the tool's start-up and results included.
     wall_ns: f64,
+    /// Every run's figure, in the order they ran.
+    runs: Vec<f64>,
 }
 
 /// bpftrace's equivalent of sysprof's syscall tracing: latency histogram per syscall id.
@@ -127,6 +142,15 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     if all || args.bench == Bench::Python {
         runner.python()?;
+    }
+    if all || args.bench == Bench::Others {
+        runner.others()?;
+    }
+    if all || args.bench == Bench::Footprint {
+        runner.footprint()?;
+    }
+    if all || args.bench == Bench::Realistic {
+        runner.realistic()?;
     }
     print_summary(&runner.rows.borrow());
     Ok(())
@@ -234,7 +258,10 @@ impl Runner<'_> {
 
     fn syscalls(&self) -> anyhow::Result<()> {
         let sysload = build_workload(self.root, self.out, "sysload")?;
-        let workload = vec![sysload.display().to_string(), "getppid".into(), "2000000".into()];
+        // Spread over every CPU in turn: bpftrace's tracepoints cost more on CPU 0, where its
+        // perf event lives, than elsewhere.
+        let workload =
+            vec![sysload.display().to_string(), "getppid".into(), "2000000".into(), "spread".into()];
         let mut configs = vec![
             Config { name: "bare".into(), argv: workload.clone() },
             self.sysprof_config("sysprof", &["--focus", "syscalls"], &workload),
@@ -245,7 +272,7 @@ impl Runner<'_> {
             ),
         ];
         configs.extend(self.bpftrace_config(BPFTRACE_SYSCALLS, &workload)?);
-        println!("\nsyscalls: getppid x 2,000,000, {} rounds, medians", self.runs);
+        println!("\nsyscalls: getppid x 2,000,000 (spread over the CPUs), {} rounds, medians", self.runs);
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per syscall");
         self.added_row(&measured, "sysprof", "syscalls: ns added per getppid", 0.2);
@@ -254,14 +281,19 @@ impl Runner<'_> {
 
     fn sched(&self) -> anyhow::Result<()> {
         let sysload = build_workload(self.root, self.out, "sysload")?;
-        let workload = vec![sysload.display().to_string(), "pingpong".into(), "100000".into()];
+        // Both processes on one CPU, each CPU in turn: a cross-CPU wakeup costs tens of
+        // microseconds in a VM, which would drown what the tools add to a switch, and bpftrace's
+        // tracepoint costs more on CPU 0 than elsewhere.
+        let workload =
+            vec![sysload.display().to_string(), "pingpong".into(), "100000".into(), "spread".into()];
         let mut configs = vec![
             Config { name: "bare".into(), argv: workload.clone() },
             self.sysprof_config("sysprof --focus sched", &["--focus", "sched"], &workload),
         ];
         configs.extend(self.bpftrace_config(BPFTRACE_SCHED, &workload)?);
         println!(
-            "\nsched: pipe ping-pong x 100,000 round trips (4 switches each), {} rounds, medians",
+            "\nsched: pipe ping-pong on one CPU (each in turn) x 100,000 round trips (2 switches each), {} rounds, \
+             medians",
             self.runs
         );
         let measured = measure(&configs, self.runs, "ns_per_call")?;
@@ -273,7 +305,7 @@ impl Runner<'_> {
     fn uprobe(&self) -> anyhow::Result<()> {
         let sysload = build_workload(self.root, self.out, "sysload")?;
         let binary = sysload.display().to_string();
-        let workload = vec![binary.clone(), "probecall".into(), "200000".into()];
+        let workload = vec![binary.clone(), "probecall".into(), "100000".into()];
         let func = format!("{binary}:probed_function");
         let mut configs = vec![
             Config { name: "bare".into(), argv: workload.clone() },
@@ -284,7 +316,7 @@ impl Runner<'_> {
              uretprobe:{binary}:probed_function /@start[tid]/ {{ @lat = hist(nsecs - @start[tid]); delete(@start[tid]); }}\n"
         );
         configs.extend(self.bpftrace_config(&script, &workload)?);
-        println!("\nuprobe: probed_function x 200,000, {} rounds, medians", self.runs);
+        println!("\nuprobe: probed_function x 100,000, {} rounds, medians", self.runs);
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per call");
         self.added_row(&measured, "sysprof --func", "uprobe: ns added per probed call", 1.0);
@@ -339,7 +371,7 @@ impl Runner<'_> {
 
     fn unwind(&self) -> anyhow::Result<()> {
         let program = build_workload_with(self.root, self.out, "unwind", &["-O2", "-fomit-frame-pointer"])?;
-        let workload = vec![program.display().to_string(), "work".into(), "1500".into()];
+        let workload = vec![program.display().to_string(), "work".into(), "600".into()];
         let have_perf = tool_works("perf", &["--version"]);
         let mut configs = vec![Config { name: "bare".into(), argv: workload.clone() }];
         for hz in ["99", "999"] {
@@ -376,7 +408,7 @@ impl Runner<'_> {
             }
         }
         println!(
-            "\nunwind: main -> level1 -> level2 -> level3 -> leaf_spin x 1500, built -O2 -fomit-frame-pointer, \
+            "\nunwind: main -> level1 -> level2 -> level3 -> leaf_spin x 600, built -O2 -fomit-frame-pointer, \
              {} rounds, medians",
             self.runs
         );
@@ -584,14 +616,20 @@ impl Runner<'_> {
     /// `goal` times bpftrace's.
     fn added_row(&self, measured: &[Measured], name: &str, row: &str, goal: f64) {
         let bare = measured[0].metric;
-        let (Some(ours), Some(theirs)) = (find(measured, name), find(measured, "bpftrace")) else { return };
-        let (ours, theirs) = (ours - bare, theirs - bare);
-        let ratio = (theirs > 0.0).then(|| ours / theirs);
+        let Some(ours) = find(measured, name) else { return };
+        let theirs = find(measured, "bpftrace").map(|theirs| theirs - bare);
+        self.added_row_of(row, bare, ours - bare, theirs, goal);
+    }
+
+    /// A summary row of `ours` ns added per operation (to `bare` ns) next to bpftrace's
+    /// `theirs`, when it ran; the goal is at most `goal` times bpftrace's.
+    fn added_row_of(&self, row: &str, bare: f64, ours: f64, theirs: Option<f64>, goal: f64) {
+        let ratio = theirs.filter(|t| *t > 0.0).map(|theirs| ours.max(0.0) / theirs);
         self.rows.borrow_mut().push(Row {
             row: row.into(),
             bare: format!("{bare:.1} ns"),
-            sysprof: format!("+{ours:.1} ns"),
-            peer: format!("bpftrace +{theirs:.1} ns"),
+            sysprof: format!("{ours:+.1} ns"),
+            peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
             ratio,
             goal: format!("<= {goal}x bpftrace"),
             holds: ratio.map(|r| r <= goal),
@@ -608,6 +646,15 @@ impl Runner<'_> {
         Config { name: name.into(), argv }
     }
 
+    /// bpftrace's tracepoints need tracefs, mounted here when missing (the bench runs as root).
+    fn mount_tracefs(&self) -> anyhow::Result<()> {
+        if !Path::new("/sys/kernel/tracing/events").exists() {
+            eprintln!("bench: mounting tracefs at /sys/kernel/tracing for bpftrace's tracepoints");
+            crate::run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))?;
+        }
+        Ok(())
+    }
+
     /// bpftrace running `script` around the workload, when bpftrace is installed. Its
     /// tracepoints need tracefs, which is mounted here when missing (the bench runs as root).
     fn bpftrace_config(&self, script: &str, workload: &[String]) -> anyhow::Result<Option<Config>> {
@@ -615,10 +662,7 @@ impl Runner<'_> {
             eprintln!("bench: bpftrace is not installed (apt-get install bpftrace): no bpftrace comparison");
             return Ok(None);
         }
-        if !Path::new("/sys/kernel/tracing/events").exists() {
-            eprintln!("bench: mounting tracefs at /sys/kernel/tracing for bpftrace's tracepoints");
-            crate::run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))?;
-        }
+        self.mount_tracefs()?;
         let path = self.out.join(format!("script-{}.bt", script.len()));
         std::fs::write(&path, script)?;
         Ok(Some(Config {
@@ -720,6 +764,7 @@ fn measure(configs: &[Config], runs: usize, metric: &str) -> anyhow::Result<Vec<
         .enumerate()
         .map(|(i, config)| Measured {
             name: config.name.clone(),
+            runs: values[i].clone(),
             metric: median(&mut values[i]),
             wall_ns: median(&mut wall[i]),
         })

@@ -1,0 +1,192 @@
+//! What the tool itself takes for a 10 s trace of the whole machine: its peak resident memory
+//! and its CPU time (user + system, from the kernel's accounting of the finished process),
+//! sysprof with every default family beside `perf record -a -g` at the same rate followed by
+//! `perf script` (perf's way to the stacks sysprof writes).
+//!
+//! The machine is not idle meanwhile: a Python program (the interpreter most users profile,
+//! whose symbols and unwind tables sysprof reads) and a process of threads that wake every
+//! 10 ms run under both tools.
+
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context as _, bail};
+
+use super::{Row, Runner, build_workload, median, python_interpreter, tool_works};
+
+/// What the kernel accounted to a finished process.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    cpu_s: f64,
+    peak_rss_kib: u64,
+}
+
+impl Usage {
+    /// Two processes run one after the other: CPU adds up, memory is the larger peak.
+    fn then(self, other: Usage) -> Usage {
+        Usage { cpu_s: self.cpu_s + other.cpu_s, peak_rss_kib: self.peak_rss_kib.max(other.peak_rss_kib) }
+    }
+}
+
+const SECONDS: u32 = 10;
+
+impl Runner<'_> {
+    pub(super) fn footprint(&self) -> anyhow::Result<()> {
+        let seconds = SECONDS.to_string();
+        let sysprof = vec![
+            self.sysprof.display().to_string(),
+            "trace".into(),
+            "-q".into(),
+            "--all".into(),
+            "-d".into(),
+            format!("{seconds}s"),
+            "-o".into(),
+            self.out.join("footprint").display().to_string(),
+        ];
+        let have_perf = tool_works("perf", &["--version"]);
+        let data = self.out.join("perf-footprint.data").display().to_string();
+        let rounds = self.runs.clamp(1, 3);
+        println!(
+            "\nfootprint: a {SECONDS} s trace of the whole machine (a Python program and 8 threads waking every \
+             10 ms running), {rounds} rounds, medians"
+        );
+        let (mut ours, mut perf) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let load = Load::start(self, SECONDS + 2)?;
+            // Alternating which tool goes first, as the other benchmarks do.
+            let sysprof_first = round % 2 == 0;
+            if sysprof_first {
+                ours.push(run_accounted(&sysprof)?);
+            }
+            if have_perf {
+                let record = run_accounted(&[
+                    "perf",
+                    "record",
+                    "-q",
+                    "-a",
+                    "-g",
+                    "-F",
+                    "99",
+                    "-e",
+                    "cpu-clock",
+                    "-o",
+                    &data,
+                    "--",
+                    "sleep",
+                    &seconds,
+                ])?;
+                perf.push(record.then(run_accounted(&["perf", "script", "-i", &data])?));
+            }
+            if !sysprof_first {
+                ours.push(run_accounted(&sysprof)?);
+            }
+            drop(load);
+            eprint!("\rbench: round {}/{rounds}", round + 1);
+        }
+        eprintln!();
+        let medians = |usages: &[Usage]| {
+            let mut cpu: Vec<f64> = usages.iter().map(|u| u.cpu_s).collect();
+            let mut rss: Vec<f64> = usages.iter().map(|u| u.peak_rss_kib as f64 / 1024.0).collect();
+            (median(&mut cpu), median(&mut rss))
+        };
+        let (our_cpu, our_rss) = medians(&ours);
+        let theirs = (!perf.is_empty()).then(|| medians(&perf));
+        println!("{:<40} {:>12} {:>14}", "tool", "CPU time", "peak RSS");
+        println!("{:<40} {:>10.3} s {:>11.1} MB", "sysprof trace --all (default families)", our_cpu, our_rss);
+        if let Some((cpu, rss)) = theirs {
+            println!("{:<40} {:>10.3} s {:>11.1} MB", "perf record -a -g -F 99 + perf script", cpu, rss);
+        }
+        let peer_s =
+            |value: Option<f64>| value.map_or("-".into(), |v| format!("perf record + perf script {v:.3} s"));
+        let peer_mb =
+            |value: Option<f64>| value.map_or("-".into(), |v| format!("perf record + perf script {v:.1} MB"));
+        self.rows.borrow_mut().push(Row {
+            row: format!("peak RSS of a {SECONDS} s --all trace"),
+            bare: "-".into(),
+            sysprof: format!("{our_rss:.1} MB"),
+            peer: peer_mb(theirs.map(|t| t.1)),
+            ratio: theirs.map(|t| our_rss / t.1),
+            goal: "< 40 MB".into(),
+            holds: Some(our_rss < 40.0),
+        });
+        self.rows.borrow_mut().push(Row {
+            row: format!("tool CPU of a {SECONDS} s --all trace"),
+            bare: "-".into(),
+            sysprof: format!("{our_cpu:.3} s"),
+            peer: peer_s(theirs.map(|t| t.0)),
+            ratio: theirs.map(|t| our_cpu / t.0),
+            goal: "<= the peer's".into(),
+            holds: theirs.map(|t| our_cpu <= t.0),
+        });
+        Ok(())
+    }
+}
+
+/// The machine's work while the tools trace it, ended when dropped.
+struct Load(Vec<Child>);
+
+impl Load {
+    fn start(runner: &Runner<'_>, seconds: u32) -> anyhow::Result<Load> {
+        let sysload = build_workload(runner.root, runner.out, "sysload")?;
+        let mut children = vec![
+            Command::new(sysload)
+                .args(["tickers", "8", &seconds.to_string()])
+                .stdout(Stdio::null())
+                .spawn()?,
+        ];
+        if let Some(python) = python_interpreter() {
+            let script = runner.root.join("tests/workloads/python_app.py");
+            let timing = runner.out.join("footprint-phases.json");
+            children.push(
+                Command::new(python)
+                    .arg(script)
+                    .args(["phases", &seconds.to_string()])
+                    .arg(timing)
+                    .stdout(Stdio::null())
+                    .spawn()?,
+            );
+        }
+        Ok(Load(children))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs a command to its end (its output thrown away) and returns what the kernel accounted
+/// to it: CPU time and peak RSS (wait4's rusage, which covers the process and the children it
+/// waited for).
+fn run_accounted<S: AsRef<std::ffi::OsStr>>(argv: &[S]) -> anyhow::Result<Usage> {
+    let mut command = Command::new(&argv[0]);
+    for variable in crate::SUDO_VARIABLES {
+        command.env_remove(variable);
+    }
+    let child = command
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {:?}", argv[0].as_ref()))?;
+    let mut status = 0;
+    // SAFETY: rusage is plain data, filled in by wait4.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pid is our child's, not reaped yet (std's Child does not reap on drop).
+    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    if reaped < 0 {
+        bail!("waiting for {:?}: {}", argv[0].as_ref(), std::io::Error::last_os_error());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("{:?} failed (wait status {status})", argv[0].as_ref());
+    }
+    let seconds = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    Ok(Usage {
+        cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        peak_rss_kib: usage.ru_maxrss as u64,
+    })
+}
