@@ -255,17 +255,19 @@ fn locations(table: &[u8], first_line: u32) -> Vec<(u32, u32)> {
             value
         };
         let signed = |value: u64| if value & 1 == 1 { -((value >> 1) as i64) } else { (value >> 1) as i64 };
+        // Saturating: a table read from memory the process has since reused is garbage, and a
+        // garbage delta must not overflow (it gives a wrong line, never a crash).
         let shown = match code {
             15 => None,
             14 => {
-                line += signed(varint());
+                line = line.saturating_add(signed(varint()));
                 for _ in 0..3 {
                     varint();
                 }
                 Some(line)
             }
             13 => {
-                line += signed(varint());
+                line = line.saturating_add(signed(varint()));
                 Some(line)
             }
             10..=12 => {
@@ -279,8 +281,8 @@ fn locations(table: &[u8], first_line: u32) -> Vec<(u32, u32)> {
                 Some(line)
             }
         };
-        spans.push((unit, shown.map_or(0, |line| line.max(0) as u32)));
-        unit += length;
+        spans.push((unit, shown.map_or(0, |line| line.clamp(0, i64::from(u32::MAX)) as u32)));
+        unit = unit.saturating_add(length);
     }
     spans
 }
@@ -315,5 +317,16 @@ mod tests {
         assert_eq!(line(spans.clone(), 20, 2), 22);
         assert_eq!(line(spans.clone(), 20, 3), 19);
         assert_eq!(line(spans, 20, 4), 20);
+    }
+
+    #[test]
+    fn a_garbage_location_table_gives_wrong_lines_not_a_crash() {
+        // Memory a process reused after freeing the code object: long-form deltas near 2^62,
+        // the same sign twice, would overflow the line (a panic in a debug build).
+        let huge = [0x80 | 13 << 3, 0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x3f];
+        let table: Vec<u8> = huge.iter().chain(&huge).chain(&huge).copied().collect();
+        let spans = locations(&table, 1);
+        assert_eq!(spans.len(), 3);
+        assert!(spans.iter().all(|&(_, line)| line == 0 || line == u32::MAX));
     }
 }
