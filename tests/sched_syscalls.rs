@@ -278,3 +278,34 @@ fn a_wait_at_the_same_place_from_another_caller_keeps_its_own_stack() {
     }
     assert_no_sysprof_programs();
 }
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_wait_in_the_same_call_on_another_descriptor_keeps_its_own_kernel_stack() {
+    let Some(_guard) = root_guard("a_wait_in_the_same_call_on_another_descriptor_keeps_its_own_kernel_stack")
+    else {
+        return;
+    };
+    // The switch program keeps a thread's last kernel stack for its next wait at the same
+    // place in the same call. Here read_one waits alternately on a pipe and on a terminal: the
+    // same user stack, system call and sleeping state, each with its own kernel stack, told
+    // apart by the descriptor. 10 rounds of 2 x 20 ms; were the stacks shared, nearly all
+    // 400 ms would land under whichever was walked first.
+    let (dir, _) = trace_sysload(&["--focus", "sched"], &["tworeads", "10", "20"]);
+    let folded = read_folded(&dir.path().join("offcpu.folded"));
+    let under = |kernel: &str| -> u64 {
+        folded
+            .iter()
+            .filter(|(frames, _)| {
+                frames.iter().any(|f| f == "read_one") && frames.iter().any(|f| f.contains(kernel))
+            })
+            .map(|(_, us)| us)
+            .sum()
+    };
+    // The first waits may come before libc's table is in (their stacks then skip read_one).
+    for kernel in ["pipe_read", "n_tty_read"] {
+        let us = under(kernel);
+        assert!((150_000..260_000).contains(&us), "{us} us in {kernel}, expected 10 x 20 ms: {folded:?}");
+    }
+    assert_no_sysprof_programs();
+}

@@ -10,7 +10,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST, task_struct},
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_comm, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap},
     programs::BtfTracePointContext,
@@ -28,7 +28,8 @@ use crate::{
     histogram::record,
     maps::stack_id,
     syscalls, target,
-    task_state::{StackCache, TARGET, TASK_STATE, TaskState},
+    task_state::{KernelStackCache, NOT_TARGET, StackCache, TARGET, TASK_STATE, TaskState},
+    unwind::UserEntry,
     timeline, window,
 };
 
@@ -59,20 +60,33 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let prev: *mut task_struct = ctx.arg(1);
     let next: *mut task_struct = ctx.arg(2);
     let prev_state = ctx.arg::<u64>(3) as u32;
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    switch_out(&ctx, prev, prev_state, now);
-    switch_in(next, now);
+    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+    syscalls::park_in_flight(tid, prev);
+    if config().sched_stats == 0 {
+        return 0;
+    }
+    // The clock is read only for a switch that involves a target (or a task not decided yet):
+    // every other switch on the machine runs through here too.
+    let mut now = 0;
+    let mut clock = || {
+        if now == 0 {
+            // SAFETY: plain helper call.
+            now = unsafe { bpf_ktime_get_ns() };
+        }
+        now
+    };
+    switch_out(&ctx, prev, prev_state, &mut clock);
+    switch_in(next, &mut clock);
     0
 }
 
 #[inline(always)]
-fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u32, now: u64) {
-    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
-    syscalls::park_in_flight(tid, prev, now);
-    if config().sched_stats == 0 {
-        return;
-    }
+fn switch_out(
+    ctx: &BtfTracePointContext,
+    prev: *mut task_struct,
+    prev_state: u32,
+    clock: &mut impl FnMut() -> u64,
+) {
     let Some(state) = TASK_STATE.get(prev, true) else {
         counters::add(Counter::SchedLost, 1);
         return;
@@ -81,6 +95,7 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     if !target::decide_current(state) || window::closed() {
         return;
     }
+    let now = clock();
     // Preempted while runnable (0), or inside the kernel (TASK_REPORT_MAX): involuntary.
     let involuntary = prev_state == 0 || prev_state == TASK_REPORT_MAX;
     // Before the trace starts only where the thread is is kept (so a wait that began during
@@ -93,8 +108,42 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     state.waker_seen = 0;
     state.offcpu_state = prev_state;
     state.runnable_since_ns = if involuntary { now } else { 0 };
-    state.offcpu_user_stack = user_stack(ctx, &mut state.blocked);
-    state.offcpu_kernel_stack = stack_id(ctx, 0);
+    let entry = crate::unwind::user_entry();
+    // A thread that sleeps at one place is often preempted at another (on its way back to user
+    // mode from the call that woke a thread): each has caches of its own, or they would evict
+    // each other at every switch.
+    let slot = usize::from(involuntary);
+    state.offcpu_user_stack = user_stack(ctx, &mut state.blocked[slot], &entry);
+    state.offcpu_kernel_stack = kernel_stack(ctx, &mut state.blocked_kernel[slot], &entry, prev_state);
+}
+
+/// 1 in this many kernel stacks at a place already seen is walked anyway (see
+/// `KernelStackCache`).
+const KERNEL_STACK_REFRESH: u32 = 16;
+
+/// The current thread's kernel stack as it leaves the CPU in `prev_state`: the one `cache` holds
+/// when it leaves from where it left when the cache was filled, in the same state, else walked
+/// (and kept).
+#[inline(always)]
+fn kernel_stack(
+    ctx: &BtfTracePointContext,
+    cache: &mut KernelStackCache,
+    entry: &UserEntry,
+    prev_state: u32,
+) -> i32 {
+    if entry.known()
+        && entry.at == cache.at
+        && entry.call == cache.call
+        && prev_state == cache.state
+        && cache.stack >= 0
+        // SAFETY: plain helper call.
+        && unsafe { bpf_get_prandom_u32() } % KERNEL_STACK_REFRESH != 0
+    {
+        return cache.stack;
+    }
+    let stack = stack_id(ctx, 0);
+    (cache.at, cache.call, cache.state, cache.stack) = (entry.at, entry.call, prev_state, stack);
+    stack
 }
 
 /// The current thread's user stack: the one `cache` holds when the thread is where it was when
@@ -102,9 +151,9 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
 /// registers do not show, nor when the process's unwind tables changed since (the libraries a
 /// new process maps come in during its first milliseconds).
 #[inline(always)]
-fn user_stack(ctx: &BtfTracePointContext, cache: &mut StackCache) -> i32 {
-    let (at, tables) = (crate::unwind::user_entry(), crate::unwind::tables_digest());
-    if at[0] != 0
+fn user_stack(ctx: &BtfTracePointContext, cache: &mut StackCache, entry: &UserEntry) -> i32 {
+    let (at, tables) = (entry.at, crate::unwind::tables_digest());
+    if entry.known()
         && at == cache.at
         && tables == cache.tables
         && cache.stack >= 0
@@ -160,14 +209,17 @@ fn account_switch_out(state: &TaskState, involuntary: bool, prev_state: u32, sta
 }
 
 #[inline(always)]
-fn switch_in(next: *mut task_struct, now: u64) {
-    if config().sched_stats == 0 {
-        return;
-    }
+fn switch_in(next: *mut task_struct, clock: &mut impl FnMut() -> u64) {
     let Some(state) = TASK_STATE.get(next, true) else {
         counters::add(Counter::SchedLost, 1);
         return;
     };
+    // A task not decided yet may be a target: when it leaves the CPU, its time on it counts
+    // from here.
+    if state.target == NOT_TARGET {
+        return;
+    }
+    let now = clock();
     state.switched_in_ns = now;
     if state.target != TARGET || window::closed() {
         return;
@@ -180,6 +232,9 @@ fn switch_in(next: *mut task_struct, now: u64) {
     if start == 0 {
         return;
     }
+    // Created here if this is the first the trace sees of the thread, so that its off-CPU
+    // time and its reasons agree.
+    let mut thread = thread_sched(state, true);
     if off_since != 0 {
         let from = off_since.max(start);
         // A wait ends at its wakeup; from there to now the thread was runnable, waiting for a
@@ -194,9 +249,7 @@ fn switch_in(next: *mut task_struct, now: u64) {
         if woken < now {
             add_offcpu(state, 0, now - woken);
         }
-        // Created here if this wait is the first the trace sees of the thread, so that its
-        // off-CPU time and its reasons agree.
-        if let Some(thread) = thread_sched(state, true) {
+        if let Some(thread) = thread.as_deref_mut() {
             thread.offcpu_ns += now.saturating_sub(from);
         }
         if timeline::long_enough(now.saturating_sub(from)) {
@@ -216,7 +269,7 @@ fn switch_in(next: *mut task_struct, now: u64) {
     if runnable_since != 0 {
         record_runq(state.tgid, now.saturating_sub(runnable_since.max(start)));
     }
-    if let Some(thread) = thread_sched(state, true) {
+    if let Some(thread) = thread {
         thread.on_cpu = 1;
         thread.last_switch_in_ns = now;
     }
@@ -259,7 +312,7 @@ fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
     state.waker_tid = tid;
     state.waker_user_stack = if target::is_current_target_cached(tgid) {
         match TASK_STATE.current(false) {
-            Some(waker) => user_stack(ctx, &mut waker.waking),
+            Some(waker) => user_stack(ctx, &mut waker.waking, &crate::unwind::user_entry()),
             None => stack_id(ctx, BPF_F_USER_STACK as u64),
         }
     } else {
@@ -280,8 +333,9 @@ const SYSCALL_NR_OFFSET: usize = 0;
 /// Whether the current task is in a system call, from the registers it entered the kernel with.
 #[inline(always)]
 fn in_syscall() -> bool {
-    // SAFETY: plain helper calls; the registers sit at the top of the task's kernel stack, and
-    // a failed read is "no".
+    // SAFETY: plain helper calls; the registers sit at the top of the task's kernel stack.
+    // The helper's result is a BTF pointer: the verifier checks the load against `pt_regs`
+    // and makes it fault-safe (see `unwind::user_registers`).
     unsafe {
         let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(
             aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
@@ -289,9 +343,7 @@ fn in_syscall() -> bool {
         if regs.is_null() || SYSCALL_NR_OFFSET == 0 {
             return false;
         }
-        let nr: i32 =
-            aya_ebpf::helpers::bpf_probe_read_kernel(regs.add(SYSCALL_NR_OFFSET).cast()).unwrap_or(-1);
-        nr >= 0
+        core::ptr::read_volatile(regs.add(SYSCALL_NR_OFFSET).cast::<i32>()) >= 0
     }
 }
 

@@ -116,7 +116,8 @@ fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
         return 0;
     };
@@ -126,6 +127,11 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
         slot.call.active = 0;
         slot.call
     } else {
+        // Every other process's calls end here: the cached filter costs less than the task
+        // storage lookup, which only a target's thread can need.
+        if !target::is_current_target_cached((pid_tgid >> 32) as u32) {
+            return 0;
+        }
         // The thread left the CPU during the call: the switch program parked it.
         let Some(state) = TASK_STATE.current(false) else {
             return 0;
@@ -155,11 +161,11 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
 /// mmap's `prot` bit for executable memory.
 const PROT_EXEC: u64 = 4;
 
-/// Called by the context-switch program for the thread leaving the CPU at `now`: ends its
-/// stretch, and moves its call in flight, if any, from the CPU's slot to the thread's own
-/// storage. A call that was not sampled is timed from here: it blocked, so it is slow.
+/// Called by the context-switch program for the thread leaving the CPU: ends its stretch, and
+/// moves its call in flight, if any, from the CPU's slot to the thread's own storage. A call
+/// that was not sampled is timed from here: it blocked, so it is slow.
 #[inline(always)]
-pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct, now: u64) {
+pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct) {
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
         return;
     };
@@ -175,7 +181,8 @@ pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct, now:
     let mut call = slot.call;
     slot.call.active = 0;
     if call.start_ns == 0 {
-        call.start_ns = now;
+        // SAFETY: plain helper call.
+        call.start_ns = unsafe { bpf_ktime_get_ns() };
         call.weight = 1;
         call.from_block = 1;
     }

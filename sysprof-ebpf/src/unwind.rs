@@ -171,11 +171,13 @@ fn store(stack: &UnwoundStack) -> i32 {
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
-/// The registers a walk starts from.
+/// The registers a walk starts from, and the system call the thread entered the kernel with.
 struct Registers {
     ip: u64,
     sp: u64,
     bp: u64,
+    orig_ax: u64,
+    di: u64,
 }
 
 /// The digest of the current process's entry (`ProcessMappings::digest`), 0 when it has none.
@@ -186,23 +188,46 @@ pub fn tables_digest() -> u32 {
     PROCESS_MAPPINGS.get_ptr(tgid).map_or(0, |entry| unsafe { (*entry).digest })
 }
 
-/// Where the current thread entered the kernel from user mode: its instruction, stack and frame
-/// pointers and the two return addresses nearest them (at the stack pointer, and above the
-/// frame pointer). All zero when it was not in user mode.
+/// Where the current thread entered the kernel from user mode (see [`user_entry`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UserEntry {
+    /// Its instruction, stack and frame pointers and the two return addresses nearest them (at
+    /// the stack pointer, and above the frame pointer): where in its code it is.
+    pub at: [u64; 5],
+    /// The system call it made (`orig_ax`: -1 outside one) and that call's first argument (a
+    /// descriptor, a futex word, a timespec): what it asked the kernel to do there.
+    pub call: [u64; 2],
+}
+
+impl UserEntry {
+    const NONE: UserEntry = UserEntry { at: [0; 5], call: [0; 2] };
+
+    /// Whether the thread entered from user mode at all (kernel threads never do).
+    pub fn known(&self) -> bool {
+        self.at[0] != 0
+    }
+}
+
+/// Where the current thread entered the kernel from user mode: all zero when it was not in
+/// user mode.
 #[inline(always)]
-pub fn user_entry() -> [u64; 5] {
+pub fn user_entry() -> UserEntry {
     #[cfg(bpf_target_arch = "x86_64")]
     if let Some(regs) = user_registers() {
         // SAFETY: the helper checks the user addresses; a failed read is 0.
         let read = |at: u64| unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
-        return [regs.ip, regs.sp, regs.bp, read(regs.sp), read(regs.bp.wrapping_add(8))];
+        return UserEntry {
+            at: [regs.ip, regs.sp, regs.bp, read(regs.sp), read(regs.bp.wrapping_add(8))],
+            call: [regs.orig_ax, regs.di],
+        };
     }
-    [0; 5]
+    UserEntry::NONE
 }
 
 /// x86_64 `struct pt_regs`, in u64 slots (the kernel's ABI for ptrace).
-const PT_REGS_SLOTS: usize = 21;
 const REG_BP: usize = 4;
+const REG_DI: usize = 14;
+const REG_ORIG_AX: usize = 15;
 const REG_IP: usize = 16;
 const REG_CS: usize = 17;
 const REG_SP: usize = 19;
@@ -211,22 +236,29 @@ const REG_SP: usize = 19;
 /// call, a fault, a uprobe), or `None` for a kernel thread.
 #[inline(always)]
 fn user_registers() -> Option<Registers> {
-    // SAFETY: plain helper calls; the registers sit at the top of the task's kernel stack, and
-    // a failed read is "none".
-    let slots: [u64; PT_REGS_SLOTS] = unsafe {
-        let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(
-            aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
-        ) as *const [u64; PT_REGS_SLOTS];
-        if regs.is_null() {
-            return None;
-        }
-        aya_ebpf::helpers::bpf_probe_read_kernel(regs).ok()?
+    // SAFETY: plain helper calls. The helper's result is a BTF pointer to the `pt_regs` at the
+    // top of the task's kernel stack: the verifier checks each load against that struct's
+    // fields and makes it fault-safe, so no copy through bpf_probe_read_kernel is needed (one
+    // helper call less on every switch and sample).
+    let slot = |regs: *const u64, index: usize| unsafe { core::ptr::read_volatile(regs.add(index)) };
+    let regs = unsafe {
+        aya_ebpf::helpers::generated::bpf_task_pt_regs(aya_ebpf::helpers::generated::bpf_get_current_task_btf())
+            as *const u64
     };
-    // Ring 3 in the saved code segment: the thread was in user mode.
-    if slots[REG_CS] & 3 != 3 {
+    if regs.is_null() {
         return None;
     }
-    Some(Registers { ip: slots[REG_IP], sp: slots[REG_SP], bp: slots[REG_BP] })
+    // Ring 3 in the saved code segment: the thread was in user mode.
+    if slot(regs, REG_CS) & 3 != 3 {
+        return None;
+    }
+    Some(Registers {
+        ip: slot(regs, REG_IP),
+        sp: slot(regs, REG_SP),
+        bp: slot(regs, REG_BP),
+        orig_ax: slot(regs, REG_ORIG_AX),
+        di: slot(regs, REG_DI),
+    })
 }
 
 /// One frame: records the pc, then finds the caller's pc, sp and bp. Returns 1 to stop.

@@ -9,6 +9,10 @@
 //   sysload twosites K MS         K rounds of two sleeps of MS ms, one from sleep_from_a and one
 //                                 from sleep_from_b: the same sleep at the same depth, from two
 //                                 callers (a blocking place told apart by its stack alone)
+//   sysload tworeads K MS         K rounds of two reads in read_one, each waiting MS ms for a
+//                                 byte: one from a pipe, then one from a terminal (a pty). The
+//                                 same call at the same place in the same sleeping state, on
+//                                 another descriptor: the same user stack, two kernel stacks
 //   sysload nanosleeps N1 US1 N2 US2
 //                                 N1 sleeps of US1 microseconds, then N2 of US2
 //   sysload pingpong N [CPU|spread]
@@ -38,12 +42,14 @@
 // Build: cc -O1 -g -fno-omit-frame-pointer -pthread -o sysload sysload.c
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -108,6 +114,24 @@ static double pingpong(long n) {
 __attribute__((noinline)) void sleep_in_named_function(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+// One byte from fd: where both of tworeads' waits are.
+__attribute__((noinline)) int read_one(int fd) {
+    char byte;
+    return read(fd, &byte, 1) == 1 ? 0 : -1;
+}
+
+// tworeads' other side, a process of its own (so that the reader stays single-threaded and
+// libc's read touches no stack): a byte for the pipe, then one for the terminal, each after ms.
+static void feed(int pipe_fd, int terminal_fd, long rounds, long ms) {
+    char byte = 0;
+    for (long i = 0; i < rounds; i++) {
+        sleep_us(ms * 1000);
+        if (write(pipe_fd, &byte, 1) != 1) break;
+        sleep_us(ms * 1000);
+        if (write(terminal_fd, &byte, 1) != 1) break;
     }
 }
 
@@ -247,6 +271,31 @@ int main(int argc, char **argv) {
             sleep_from_a(ms);
             sleep_from_b(ms);
         }
+        return 0;
+    }
+    if (strcmp(mode, "tworeads") == 0 && argc >= 4) {
+        long rounds = atol(argv[2]), ms = atol(argv[3]);
+        int pipe_fds[2];
+        if (pipe(pipe_fds)) return 1;
+        // A pseudo-terminal in raw mode: each byte written to the master is read at once.
+        int master = posix_openpt(O_RDWR | O_NOCTTY);
+        if (master < 0 || grantpt(master) || unlockpt(master)) return 1;
+        int terminal = open(ptsname(master), O_RDWR | O_NOCTTY);
+        struct termios raw;
+        if (terminal < 0 || tcgetattr(terminal, &raw)) return 1;
+        cfmakeraw(&raw);
+        if (tcsetattr(terminal, TCSANOW, &raw)) return 1;
+        pid_t feeder = fork();
+        if (feeder == 0) {
+            feed(pipe_fds[1], master, rounds, ms);
+            _exit(0);
+        }
+        // One call site for both: the same return addresses on the stack.
+        int fds[2] = {pipe_fds[0], terminal};
+        for (long i = 0; i < 2 * rounds; i++) {
+            if (read_one(fds[i % 2])) return 1;
+        }
+        waitpid(feeder, NULL, 0);
         return 0;
     }
     if (strcmp(mode, "nanosleeps") == 0 && argc >= 6) {
