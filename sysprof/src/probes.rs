@@ -202,6 +202,12 @@ pub struct Probes {
     closing: Vec<std::thread::JoinHandle<()>>,
     /// Every file uprobes were attached to, as it was then: Part B checks it did not change.
     probed_files: BTreeMap<PathBuf, FileStamp>,
+    /// The target processes when the target is exactly them and what they start (`--pid`, a
+    /// command): per-task perf events, inherited by their children, can then stand for
+    /// system-wide ones, and cost no other process anything (see `attach_page_faults`).
+    pub(crate) lineage: Option<Vec<u32>>,
+    /// Whether the page-fault events are the targets' own (see `attach_page_faults`).
+    pub(crate) fault_events_per_task: bool,
 }
 
 /// What tells a file changed: its identity, size and modification time.
@@ -285,6 +291,8 @@ impl Probes {
             uprobe_links: Vec::new(),
             closing: Vec::new(),
             probed_files: BTreeMap::new(),
+            lineage: None,
+            fault_events_per_task: false,
         })
     }
 

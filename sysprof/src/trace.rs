@@ -266,6 +266,11 @@ async fn run(
     if let Some(url) = &config.push {
         props.push = Some(push_props(url, &config.target, gated.as_ref(), &resolved, &processes));
     }
+    probes.lineage = match (&config.target, &gated) {
+        (Target::Pids(_), _) => Some(resolved.pids.clone()),
+        (_, Some(gated)) => Some(vec![gated.pid()]),
+        _ => None,
+    };
     let families = families::enabled(&props);
     let programs: Vec<Preload> =
         families.iter().flat_map(|family| family.programs()).chain(&PROCESS_TRACKING).copied().collect();
@@ -278,6 +283,7 @@ async fn run(
     let events = probes.take_process_events()?;
     for pid in target::late_joiners(&resolved) {
         probes.add_target_process(pid)?;
+        probes.follow_late_joiner(pid)?;
         resolved.pids.push(pid);
         processes.observe_existing(pid);
     }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use aya::programs::{
-    PerfEvent,
+    PerfEvent, ProgramError,
     perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
 };
 use sysprof_common::{
@@ -98,40 +98,126 @@ impl Family for MemoryFamily {
     }
 }
 
+/// The page-fault programs and the software events they run on.
+const FAULT_EVENTS: [(&str, SoftwareEvent, &str); 2] = [
+    ("fault_minor", SoftwareEvent::PageFaultsMin, "page-faults-minor"),
+    ("fault_major", SoftwareEvent::PageFaultsMaj, "page-faults-major"),
+];
+
+/// Above this many target threads, faults are counted with system-wide events: two descriptors
+/// a thread would run into the usual limit of open files (1024).
+const MAX_TASK_EVENT_THREADS: usize = 256;
+
 impl Probes {
     /// Attaches the page-fault programs: the kernel's minor and major fault software events,
-    /// every fault, on every online CPU (the programs keep the target's).
+    /// every fault. When the target is a set of processes and what they start (`--pid`, a
+    /// command), the events are the targets' own (one per thread, inherited by every thread
+    /// and process it starts), and no other process's fault runs a program at all; otherwise
+    /// (`--all`, `--comm`, a cgroup) they are on every online CPU, and the programs keep the
+    /// target's faults.
     pub fn attach_page_faults(&mut self) -> anyhow::Result<()> {
+        let threads = self.lineage.as_deref().map(threads_of).filter(|t| t.len() <= MAX_TASK_EVENT_THREADS);
         let cpus = online_cpus()?;
-        for (name, event, what) in [
-            ("fault_minor", SoftwareEvent::PageFaultsMin, "page-faults-minor"),
-            ("fault_major", SoftwareEvent::PageFaultsMaj, "page-faults-major"),
-        ] {
+        for (name, event, what) in FAULT_EVENTS {
             let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
             if program.fd().is_err() {
                 program.load().map_err(|e| rejected(name, e))?;
             }
-            for &cpu in &cpus {
-                program
-                    .attach(
-                        PerfEventConfig::Software(event),
-                        PerfEventScope::AllProcessesOneCpu { cpu },
-                        SamplePolicy::Period(1),
-                        false,
+            let (links, attached_to) = match &threads {
+                Some(threads) => {
+                    let links =
+                        attach_to_threads(program, event, threads).map_err(|e| fault_event_error(what, e))?;
+                    (
+                        links,
+                        format!(
+                            "software event {what}, every fault of the targets' threads and of what they start"
+                        ),
                     )
-                    .map_err(|e| fault_event_error(what, e))?;
-            }
+                }
+                None => {
+                    for &cpu in &cpus {
+                        program
+                            .attach(
+                                PerfEventConfig::Software(event),
+                                PerfEventScope::AllProcessesOneCpu { cpu },
+                                SamplePolicy::Period(1),
+                                false,
+                            )
+                            .map_err(|e| fault_event_error(what, e))?;
+                    }
+                    (
+                        cpus.len() as u32,
+                        format!("software event {what}, every fault, on CPUs {}", cpu_ranges(&cpus)),
+                    )
+                }
+            };
             let program_id = program.info()?.id();
             self.attached.push(AttachedProbe {
                 program: name.into(),
                 kind: "perf_event".into(),
-                attached_to: format!("software event {what}, every fault, on CPUs {}", cpu_ranges(&cpus)),
-                links: cpus.len() as u32,
+                attached_to,
+                links,
                 program_id,
             });
         }
+        self.fault_events_per_task = threads.is_some();
         Ok(())
     }
+
+    /// A process that joined the target after the families attached (a child forked before
+    /// the fork program was there): its threads get the fault events the targets have, when
+    /// those are per task.
+    pub fn follow_late_joiner(&mut self, pid: u32) -> anyhow::Result<()> {
+        if !self.fault_events_per_task {
+            return Ok(());
+        }
+        let threads = threads_of(&[pid]);
+        for (name, event, what) in FAULT_EVENTS {
+            let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
+            let links =
+                attach_to_threads(program, event, &threads).map_err(|e| fault_event_error(what, e))?;
+            if let Some(probe) = self.attached.iter_mut().rev().find(|probe| probe.program == name) {
+                probe.links += links;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every thread of `pids` now.
+fn threads_of(pids: &[u32]) -> Vec<u32> {
+    let mut threads: Vec<u32> = Vec::new();
+    for &pid in pids {
+        if let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            threads.extend(entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()));
+        }
+    }
+    threads.sort_unstable();
+    threads.dedup();
+    threads
+}
+
+/// Attaches `program` to `event` of each thread, inherited by the threads and processes it
+/// starts from then on; a thread that exited meanwhile is skipped. Returns how many were
+/// attached. Threads are listed once: one that a thread not attached yet starts during these
+/// few milliseconds has no event (listing again could not tell it from one started by a thread
+/// already attached, which inherited its event and would then count every fault twice).
+fn attach_to_threads(
+    program: &mut PerfEvent,
+    event: SoftwareEvent,
+    threads: &[u32],
+) -> Result<u32, ProgramError> {
+    let mut attached = 0;
+    for &tid in threads {
+        let scope = PerfEventScope::OneProcess { pid: tid, cpu: None };
+        match program.attach(PerfEventConfig::Software(event), scope, SamplePolicy::Period(1), true) {
+            Ok(_) => attached += 1,
+            // The thread exited between the listing and the attach.
+            Err(ProgramError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(attached)
 }
 
 impl MemoryDump {
