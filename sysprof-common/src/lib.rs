@@ -24,6 +24,7 @@ macro_rules! shared {
 mod calls;
 mod cpu;
 pub mod histogram;
+pub mod ksyms;
 mod memory;
 mod process;
 pub mod python;

@@ -21,6 +21,7 @@ mod cpu;
 mod events;
 mod histogram;
 mod interrupts;
+mod ksyms;
 mod maps;
 mod memory;
 mod nesting;

@@ -279,7 +279,6 @@ pub struct UprobeTracers {
     pub gpu: Option<GpuTracer>,
     pub funcs: FuncTracer,
     pub heap: Option<HeapTracer>,
-    pub events: Option<RingBuf<MapData>>,
     /// `ProcessTable::maps_version` at the last look.
     pub seen_maps: u64,
 }
@@ -365,14 +364,8 @@ pub async fn collect(
     // AsyncFd (which owns the ring buffer) is dropped.
     let mut events =
         unsafe { AsyncFd::register(events) }.map_err(|e| anyhow::anyhow!("polling the event ring: {e}"))?;
-    let mut call_events = match calls.events.take() {
-        // SAFETY: as above.
-        Some(ring) => Some(
-            unsafe { AsyncFd::register(ring) }
-                .map_err(|e| anyhow::anyhow!("polling the call-event ring: {e}"))?,
-        ),
-        None => None,
-    };
+    let mut call_events = None;
+    map_call_events(probes, &mut call_events)?;
     let mut tick = tokio::time::interval(TICK);
     let mut last_status = started - STATUS_EVERY;
     let deadline = plan.duration.map(|d| tokio::time::Instant::from_std(started + d));
@@ -430,6 +423,7 @@ pub async fn collect(
                 processes.rescan_due();
                 processes.sample_memory_due();
                 calls.attach_new(probes, processes);
+                map_call_events(probes, &mut call_events)?;
                 if let Some(unwinder) = unwinder.as_deref_mut() {
                     unwinder.sync(probes, processes);
                 }
@@ -504,6 +498,21 @@ fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) {
 }
 
 /// Readiness of an optional ring buffer; never ready when there is none.
+/// Maps the ring of the probed calls' events once a call probe is attached (a GPU library,
+/// `--func`): its pages count in sysprof's memory (4 MiB, mapped twice), and most traces probe
+/// nothing. What the probes sent before waits in the kernel's ring meanwhile.
+fn map_call_events(probes: &mut Probes, ring: &mut Option<AsyncFd<RingBuf<MapData>>>) -> anyhow::Result<()> {
+    if ring.is_some() || !probes.attached().iter().any(|probe| probe.program == "call_enter") {
+        return Ok(());
+    }
+    // SAFETY: the ring buffer owns its map fd, which stays open and unchanged until the
+    // AsyncFd (which owns the ring buffer) is dropped.
+    let registered = unsafe { AsyncFd::register(probes.take_call_events()?) }
+        .map_err(|e| anyhow::anyhow!("polling the call-event ring: {e}"))?;
+    *ring = Some(registered);
+    Ok(())
+}
+
 async fn readable(
     ring: &mut Option<AsyncFd<RingBuf<MapData>>>,
 ) -> std::io::Result<tokio::io::unix::AsyncFdReadyMutGuard<'_, RingBuf<MapData>>> {

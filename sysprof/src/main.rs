@@ -10,6 +10,13 @@ use sysprof::{
 };
 
 fn main() -> ExitCode {
+    // One malloc arena for all of sysprof's threads: none allocates much at a time, and glibc's
+    // arena per thread each kept the memory freed in it (4 MB of a 10 s --all trace's peak).
+    #[cfg(target_env = "gnu")]
+    // SAFETY: called before any other thread exists; it only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Trace(args) => match args.into_config() {

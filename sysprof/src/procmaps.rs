@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use procfs::process::{MMapPath, Process};
+use procfs::process::MMapPath;
 
 /// What backs an executable mapping.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -63,28 +63,51 @@ pub struct ProcessMaps {
 
 impl ProcessMaps {
     /// Reads /proc/PID/maps now.
-    pub fn read(pid: u32) -> procfs::ProcResult<Self> {
-        let process = Process::new(pid as i32)?;
-        let mut mappings = Vec::new();
-        for map in process.maps()? {
-            if !map.perms.contains(procfs::process::MMPermissions::EXECUTE) {
-                continue;
-            }
-            let backing = match map.pathname {
-                MMapPath::Path(path) => file_backing(pid, path, map.inode, map.address),
-                MMapPath::Vdso => Backing::Vdso,
-                MMapPath::Anonymous => Backing::Anonymous,
-                other => Backing::Other(format!("{other:?}").to_lowercase()),
-            };
-            mappings.push(Mapping {
+    pub fn read(pid: u32) -> std::io::Result<Self> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        Ok(Self::parse(pid, executable_lines(&text)))
+    }
+
+    /// Reads /proc/PID/maps now, when its executable mappings differ from those whose digest
+    /// is `known`; returns them with their digest. A process's maps are read again every few
+    /// seconds, and are nearly always unchanged: then nothing is parsed or looked up.
+    pub fn read_if_changed(pid: u32, known: Option<u64>) -> std::io::Result<Option<(Self, u64)>> {
+        use std::hash::{Hash as _, Hasher as _};
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let lines: Vec<&str> = executable_lines(&text).collect();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        lines.hash(&mut hasher);
+        let digest = hasher.finish();
+        if known == Some(digest) {
+            return Ok(None);
+        }
+        Ok(Some((Self::parse(pid, lines.into_iter()), digest)))
+    }
+
+    /// The mappings of `pid` from its maps' executable lines (procfs parses them).
+    fn parse<'a>(pid: u32, lines: impl Iterator<Item = &'a str>) -> Self {
+        use procfs::FromBufRead as _;
+        let text: String = lines.flat_map(|line| [line, "\n"]).collect();
+        let parsed = procfs::process::MemoryMaps::from_buf_read(text.as_bytes())
+            .map(|maps| maps.0)
+            .unwrap_or_default();
+        let mut mappings: Vec<Mapping> = parsed
+            .into_iter()
+            .map(|map| Mapping {
                 start: map.address.0,
                 end: map.address.1,
                 file_offset: map.offset,
-                backing,
-            });
-        }
+                backing: match map.pathname {
+                    MMapPath::Path(path) => file_backing(pid, path, map.inode, map.address),
+                    MMapPath::Vdso => Backing::Vdso,
+                    MMapPath::Anonymous => Backing::Anonymous,
+                    other => Backing::Other(format!("{other:?}").to_lowercase()),
+                },
+            })
+            .collect();
         mappings.sort_by_key(|m| m.start);
-        Ok(ProcessMaps { mappings, owner: process.uid().ok() })
+        let owner = std::fs::metadata(format!("/proc/{pid}")).ok().map(|meta| meta.uid());
+        ProcessMaps { mappings, owner }
     }
 
     /// The process's user (see the field).
@@ -127,6 +150,13 @@ impl ProcessMaps {
         self.mappings = merged;
         self.owner = later.owner.or(self.owner);
     }
+}
+
+/// The lines of a maps file whose mappings are executable (`r-xp`: the third permission).
+fn executable_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter(|line| {
+        line.split_ascii_whitespace().nth(1).is_some_and(|perms| perms.as_bytes().get(2) == Some(&b'x'))
+    })
 }
 
 /// Where sysprof can open a mapped file: the path itself when it is the same file (same

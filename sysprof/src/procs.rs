@@ -53,6 +53,13 @@ pub struct ProcessRecord {
     /// How many times it exec'd during the trace.
     #[serde(skip)]
     pub execs: u32,
+    /// A kernel thread: no maps or memory to read, ever (`--all` sees dozens of them, and
+    /// reading each one's maps and status every few hundred ms was most of sysprof's CPU).
+    #[serde(skip)]
+    kernel_thread: bool,
+    /// The digest of its executable mappings when last read (see `ProcessMaps::read_if_changed`).
+    #[serde(skip)]
+    maps_digest: Option<u64>,
     /// When its maps were last read, and how many early rescans it has had.
     #[serde(skip)]
     last_scan: Option<Instant>,
@@ -126,11 +133,16 @@ impl ProcessTable {
         self.memory.as_ref().map(Schedule::interval)
     }
 
+    /// The live processes that have memory of their own (not kernel threads).
+    fn user_processes(&self) -> impl Iterator<Item = &ProcessRecord> {
+        self.processes.values().filter(|p| !p.exited && !p.kernel_thread)
+    }
+
     /// Reads the memory of live processes when due.
     pub fn sample_memory_due(&mut self) {
-        let live = self.processes.values().filter(|p| !p.exited).count();
+        let live = self.user_processes().count();
         let Some(t_ms) = self.memory.as_mut().and_then(|schedule| schedule.due(live)) else { return };
-        for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
+        for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited && !p.kernel_thread) {
             if let Some(sample) = MemorySample::read(pid, t_ms) {
                 record.memory.push(sample);
             }
@@ -144,8 +156,14 @@ impl ProcessTable {
         if record.name.is_empty() {
             record.name = read_comm(pid).unwrap_or_default();
         }
-        if record.start_ticks.is_none() {
-            record.start_ticks = start_ticks(pid);
+        if record.start_ticks.is_none()
+            && let Some(stat) = crate::target::proc_stat(pid)
+        {
+            record.start_ticks = Some(stat.start_ticks);
+            record.kernel_thread = stat.kernel_thread;
+        }
+        if record.kernel_thread {
+            return;
         }
         self.maps_version += u64::from(scan(pid, record, Instant::now()));
         if record.memory.is_empty() {
@@ -165,8 +183,12 @@ impl ProcessTable {
                 record.name = comm;
                 record.parent = Some(event.parent_pid);
                 record.started_during_trace = true;
-                record.start_ticks = start_ticks(event.pid);
+                let stat = crate::target::proc_stat(event.pid);
+                record.start_ticks = stat.as_ref().map(|stat| stat.start_ticks);
+                // kthreadd's children are kernel threads.
+                record.kernel_thread = stat.is_some_and(|stat| stat.kernel_thread);
                 record.maps = inherited;
+                record.maps_digest = None;
                 record.early_scans = 0;
                 scan(event.pid, record, now);
                 // A new process maps what its parent did: a change for whoever probes per process.
@@ -178,6 +200,7 @@ impl ProcessTable {
                 record.name = comm;
                 record.started_during_trace = true;
                 record.maps = None;
+                record.maps_digest = None;
                 record.python = None;
                 record.execs += 1;
                 record.early_scans = 0;
@@ -212,8 +235,8 @@ impl ProcessTable {
     /// second, the others every few seconds while there are not too many.
     pub fn rescan_due(&mut self) {
         let now = Instant::now();
-        let live = self.processes.values().filter(|p| !p.exited).count();
-        for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
+        let live = self.user_processes().count();
+        for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited && !p.kernel_thread) {
             let Some(last) = record.last_scan else { continue };
             let due = match NEW_PROCESS_RESCANS.get(record.early_scans) {
                 _ if record.mapped_since_scan => now >= last + MAPPED_RESCAN,
@@ -234,9 +257,7 @@ impl ProcessTable {
     /// one that mapped a library since its last. The collect loop wakes for it rather than at
     /// its next tick, so libraries are known (and their code unwound) within milliseconds.
     pub fn next_early_rescan(&self) -> Option<Instant> {
-        self.processes
-            .values()
-            .filter(|p| !p.exited)
+        self.user_processes()
             .filter_map(|p| {
                 let last = p.last_scan?;
                 if p.mapped_since_scan {
@@ -332,18 +353,21 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 /// Returns whether the known maps changed.
 fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
     record.last_scan = Some(now);
-    match ProcessMaps::read(pid) {
-        Ok(maps) if !maps.is_empty() => match &mut record.maps {
-            Some(known) => {
-                let before = known.clone();
-                known.merge_later(maps);
-                *known != before
+    match ProcessMaps::read_if_changed(pid, record.maps_digest) {
+        Ok(Some((maps, digest))) if !maps.is_empty() => {
+            record.maps_digest = Some(digest);
+            match &mut record.maps {
+                Some(known) => {
+                    let before = known.clone();
+                    known.merge_later(maps);
+                    *known != before
+                }
+                None => {
+                    record.maps = Some(maps);
+                    true
+                }
             }
-            None => {
-                record.maps = Some(maps);
-                true
-            }
-        },
+        }
         _ => false,
     }
 }

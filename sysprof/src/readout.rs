@@ -49,7 +49,12 @@ impl Bytes {
 /// Reads the maps: from the kernel (keeping every answer when asked), or from a saved
 /// read-out.
 pub(crate) enum MapReader<'a> {
-    Live { probes: &'a Probes, kept: Option<MapContents> },
+    /// `kernel`: every kernel address the stacks read hold (see `ksyms.rs`).
+    Live {
+        probes: &'a Probes,
+        kept: Option<MapContents>,
+        kernel: BTreeSet<u64>,
+    },
     Replay(&'a MapContents),
 }
 
@@ -57,11 +62,20 @@ impl<'a> MapReader<'a> {
     /// Reads from the kernel; `keep`: also keeps the bytes of every answer, for a read-out
     /// that is saved (a copy of every map otherwise not worth its memory).
     pub(crate) fn live(probes: &'a Probes, keep: bool) -> Self {
-        MapReader::Live { probes, kept: keep.then(MapContents::default) }
+        MapReader::Live { probes, kept: keep.then(MapContents::default), kernel: BTreeSet::new() }
     }
 
     pub(crate) fn replay(contents: &'a MapContents) -> Self {
         MapReader::Replay(contents)
+    }
+
+    /// Every kernel address in the stacks read so far (none for a replay, whose names were
+    /// saved).
+    pub(crate) fn kernel_addresses(&self) -> BTreeSet<u64> {
+        match self {
+            MapReader::Live { kernel, .. } => kernel.clone(),
+            MapReader::Replay(_) => BTreeSet::new(),
+        }
     }
 
     /// What the live reader kept (empty when it kept nothing, and for a replay).
@@ -75,7 +89,7 @@ impl<'a> MapReader<'a> {
     /// Every entry of a hash map.
     pub(crate) fn entries<K: Pod, V: Pod>(&mut self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
         match self {
-            MapReader::Live { probes, kept } => {
+            MapReader::Live { probes, kept, .. } => {
                 let entries: Vec<(K, V)> = probes.entries(name)?;
                 if let Some(kept) = kept {
                     kept.hashes.insert(
@@ -131,8 +145,9 @@ impl<'a> MapReader<'a> {
 
     fn stacks_of(&mut self, name: &str, ids: &BTreeSet<u32>) -> anyhow::Result<HashMap<u32, Vec<u64>>> {
         match self {
-            MapReader::Live { probes, kept } => {
+            MapReader::Live { probes, kept, kernel } => {
                 let stacks = probes.stacks_in(name, ids)?;
+                kernel.extend(stacks.values().flatten().copied().filter(|&ip| crate::ksyms::is_kernel(ip)));
                 if let Some(kept) = kept {
                     kept.stacks.entry(name.to_string()).or_default().extend(stacks.clone());
                 }
@@ -149,7 +164,7 @@ impl<'a> MapReader<'a> {
     /// Each CPU's value at `index` of the per-CPU array `name`.
     pub(crate) fn per_cpu<V: Pod>(&mut self, name: &str, index: u32) -> anyhow::Result<Vec<V>> {
         match self {
-            MapReader::Live { probes, kept } => {
+            MapReader::Live { probes, kept, .. } => {
                 let array: PerCpuArray<&MapData, V> = PerCpuArray::try_from(probes.map(name)?)?;
                 let values: Vec<V> = array.get(&index, 0)?.iter().copied().collect();
                 if let Some(kept) = kept {

@@ -68,7 +68,11 @@ impl Results {
         let gpu_state = tracers.gpu.as_ref().map(|gpu| &gpu.state);
         let mut maps = MapReader::live(&probes, props.save_readout);
         let shared = analysis::read(&mut maps, &props, &mut families, gpu_state, timeline.as_ref())?;
+        // Named while the program that names them is loaded (`ksyms.rs`); /proc/kallsyms is
+        // read later only for what this could not name.
+        let kernel_addresses = maps.kernel_addresses();
         let maps = maps.into_contents();
+        let kernel_frames = probes.kernel_frames(&kernel_addresses).unwrap_or_default();
         let costs = crate::selfcost::since(probes.costs(), &end.stats_baseline);
         let stats_available = probes.stats_available();
         // After the read-out, so that none of the calibration's runs is in a figure.
@@ -134,6 +138,7 @@ impl Results {
         };
 
         let mut symbolizer = Symbolizer::new();
+        symbolizer.know_kernel(kernel_frames);
         let Analyzed { mut report, mut files, cpu_samples, build_ids } = analysis::analyze(
             &recording,
             families,

@@ -12,7 +12,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    path::PathBuf,
+    path::{Path, PathBuf},
 };
 
 use blazesym::symbolize::{
@@ -38,7 +38,7 @@ pub struct Frame {
 impl Frame {
     pub const KERNEL_MODULE: &'static str = "[kernel]";
 
-    fn unknown(module: &str, offset: u64) -> Self {
+    pub(crate) fn unknown(module: &str, offset: u64) -> Self {
         Frame { function: format!("[unknown] {module}+{offset:#x}"), module: module.to_string() }
     }
 
@@ -75,6 +75,82 @@ pub struct Symbolizer {
     perf_maps: HashMap<u32, Option<PerfMap>>,
     /// Each file's PLT stubs (see `plt.rs`), read once.
     plt: HashMap<PathBuf, PltNames>,
+    /// Where each file's names are read from, decided once.
+    names: HashMap<PathBuf, NameSource>,
+}
+
+/// Where a file's function names come from. Its own DWARF names inlined functions too, and is
+/// read when the file has it (a program built with -g: the user's own code). A system
+/// library's DWARF sits in a separate debug file (a -dbg or -debuginfo package), compressed:
+/// reading it would take more memory than the rest of sysprof (libc's: 11 MB), so only that
+/// file's symbol table is read, which names every function, static ones included. An
+/// interpreter's frames under a Python function are replaced by the function's
+/// (`python::merge`), so its DWARF (tens of MB in a pyenv build) would only name C functions
+/// inlined into its evaluation loop: its symbol table is read instead.
+#[derive(Debug)]
+enum NameSource {
+    Dwarf(PathBuf),
+    Symbols(PathBuf),
+    /// A separate debug file's symbols, asked by virtual address: the file's loadable segments
+    /// (file offset, size, address) turn its offsets into addresses.
+    DebugFile(PathBuf, Vec<(u64, u64, u64)>),
+}
+
+impl NameSource {
+    fn of(path: &Path) -> Self {
+        use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+        let Some(file) = std::fs::File::open(path).ok() else { return NameSource::Symbols(path.into()) };
+        let cache = object::ReadCache::new(file);
+        let Ok(elf) = object::File::parse(&cache) else { return NameSource::Symbols(path.into()) };
+        if crate::python::is_interpreter_file(path) {
+            return NameSource::Symbols(path.into());
+        }
+        if elf.section_by_name(".debug_info").is_some_and(|section| section.size() > 0) {
+            return NameSource::Dwarf(path.into());
+        }
+        let separate = elf.build_id().ok().flatten().filter(|id| id.len() > 1).and_then(|id| {
+            let hex = hex::encode(id);
+            let debug = PathBuf::from(format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
+            debug.is_file().then_some(debug)
+        });
+        match separate {
+            Some(debug) => {
+                let segments = elf
+                    .segments()
+                    .map(|segment| {
+                        let (offset, size) = segment.file_range();
+                        (offset, size, segment.address())
+                    })
+                    .collect();
+                NameSource::DebugFile(debug, segments)
+            }
+            None => NameSource::Symbols(path.into()),
+        }
+    }
+
+    /// The file blazesym reads, and whether it reads its DWARF.
+    fn elf(&self) -> Elf {
+        let (NameSource::Dwarf(path) | NameSource::Symbols(path) | NameSource::DebugFile(path, _)) = self;
+        let mut elf = Elf::new(path.clone());
+        elf.debug_syms = matches!(self, NameSource::Dwarf(_));
+        elf
+    }
+
+    /// What blazesym is asked for the file offsets `offsets`.
+    fn input(&self, offsets: &[u64]) -> Vec<u64> {
+        match self {
+            NameSource::DebugFile(_, segments) => offsets
+                .iter()
+                .map(|&offset| {
+                    segments
+                        .iter()
+                        .find(|(start, size, _)| (*start..start + size).contains(&offset))
+                        .map_or(0, |(start, _, address)| offset - start + address)
+                })
+                .collect(),
+            _ => offsets.to_vec(),
+        }
+    }
 }
 
 impl Default for Symbolizer {
@@ -95,6 +171,7 @@ impl Symbolizer {
             known: Symbols::default(),
             perf_maps: HashMap::new(),
             plt: HashMap::new(),
+            names: HashMap::new(),
         }
     }
 
@@ -107,12 +184,24 @@ impl Symbolizer {
     /// Answers from what an earlier run resolved (a saved read-out); what it did not resolve
     /// stays unknown.
     pub fn replay(known: Symbols) -> Self {
-        Symbolizer { blazesym: None, known, perf_maps: HashMap::new(), plt: HashMap::new() }
+        Symbolizer {
+            blazesym: None,
+            known,
+            perf_maps: HashMap::new(),
+            plt: HashMap::new(),
+            names: HashMap::new(),
+        }
     }
 
     /// Every answer given so far.
     pub fn answers(&self) -> &Symbols {
         &self.known
+    }
+
+    /// Kernel addresses already named (by the kernel itself, see `ksyms.rs`): no kallsyms to
+    /// read for them.
+    pub fn know_kernel(&mut self, frames: HashMap<u64, Frames>) {
+        self.known.kernel.extend(frames);
     }
 
     /// Kernel addresses to frames.
@@ -219,9 +308,15 @@ impl Symbolizer {
         let offsets: Vec<u64> = addrs.iter().map(|&addr| mapping.file_offset_of(addr)).collect();
         let plt = self.plt.entry(path.clone()).or_insert_with(|| PltNames::read(&path));
         let stubs: Vec<Option<String>> = offsets.iter().map(|&offset| plt.name(offset)).collect();
-        let source = Source::Elf(Elf::new(path));
+        let names = self.names.entry(path).or_insert_with_key(|path| NameSource::of(path));
+        let source = Source::Elf(names.elf());
         let Some(blazesym) = &self.blazesym else { return };
-        let resolved = blazesym.symbolize(&source, Input::FileOffset(&offsets));
+        let resolved = match names {
+            NameSource::DebugFile(..) => {
+                blazesym.symbolize(&source, Input::VirtOffset(&names.input(&offsets)))
+            }
+            _ => blazesym.symbolize(&source, Input::FileOffset(&offsets)),
+        };
         for (index, &addr) in addrs.iter().enumerate() {
             // A PLT stub is its function's, `puts@plt`, not the symbol before it.
             let frames = match (&stubs[index], &resolved) {

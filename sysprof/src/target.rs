@@ -109,7 +109,12 @@ pub struct ProcStat {
     /// When it started, in clock ticks after boot: tells it apart from a later process that
     /// reuses its pid.
     pub start_ticks: u64,
+    /// A kernel thread (PF_KTHREAD): it has no memory map, now or ever.
+    pub kernel_thread: bool,
 }
+
+/// `task_struct::flags` of a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
 
 impl ProcStat {
     /// Exists and is not a zombie.
@@ -128,6 +133,7 @@ pub fn proc_stat(pid: u32) -> Option<ProcStat> {
         state: fields.first()?.chars().next()?,
         ppid: fields.get(1)?.parse().ok()?,
         start_ticks: fields.get(19)?.parse().ok()?,
+        kernel_thread: fields.get(6)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
     })
 }
 

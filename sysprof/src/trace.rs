@@ -197,7 +197,10 @@ async fn run(
     let on = props.families;
     let heap = on.heap;
     let mut processes = ProcessTable::new();
-    if on.gpu || !config.functions.is_empty() || heap {
+    // A library a target loads is heard of from the syscall exit program, within milliseconds
+    // (`process_event::MAPPED`): the fast rescans are for runs that trace no syscalls (they
+    // read every process's maps five times a second, most of sysprof's CPU in a `--all`).
+    if (on.gpu || !config.functions.is_empty() || heap) && !(on.syscalls || on.memory) {
         processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
     }
     if on.memory {
@@ -227,7 +230,6 @@ async fn run(
         gpu: on.gpu.then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
         funcs: FuncTracer::new(config.functions.clone()),
         heap: heap.then(|| HeapTracer::new(resolved.filter == filter::ALL)),
-        events: None,
         seen_maps: 0,
     };
     if let Some(gpu) = tracers.gpu.as_mut().filter(|_| config.save_readout) {
@@ -239,9 +241,6 @@ async fn run(
         }
         limitations.push(line);
     };
-    if tracers.gpu.is_some() || !tracers.funcs.is_empty() {
-        tracers.events = Some(probes.take_call_events()?);
-    }
     let mut timeline = match config.timeline_events {
         0 => None,
         events => Some(timeline::Collector::new(probes.take_ring(sysprof_common::timeline::EVENTS)?, events)),

@@ -56,10 +56,6 @@ impl FuncTracer {
         FuncTracer { specs, attached, probes: CallProbes::default(), problems: Vec::new() }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.specs.is_empty()
-    }
-
     /// Attaches the specs whose binary can be found now: paths at once, names once the target
     /// maps a file of that name.
     pub fn attach_ready(&mut self, probes: &mut Probes, processes: &ProcessTable) {

@@ -93,6 +93,11 @@ impl Interpreter {
     }
 }
 
+/// Whether a file is a CPython interpreter by its name (`python3.12`, `libpython3.12.so.1.0`).
+pub fn is_interpreter_file(path: &Path) -> bool {
+    version_in_name(path).is_some()
+}
+
 /// "3.12" out of `python3.12`, `libpython3.12.so.1.0`, `libpython3.12d.so`.
 fn version_in_name(path: &Path) -> Option<(u8, u8)> {
     let name = path.file_name()?.to_str()?;

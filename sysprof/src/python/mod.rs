@@ -22,7 +22,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 pub use code::{Code, ProcessCode};
 pub use functions::by_function;
-pub use layout::Interpreter;
+pub use layout::{Interpreter, is_interpreter_file};
 pub use merge::{is_python_frame, merge};
 use sysprof_common::python::{FRAME_CODE_MASK, FRAME_PYTHON, PROCESSES, PythonProcess};
 

@@ -59,7 +59,8 @@ pub struct UnwindSummary {
 enum FileState {
     /// Asked of the worker.
     Pending,
-    /// In the kernel: its rows and what places its addresses.
+    /// In the kernel: where its rows are, and what places its addresses (its segments; the
+    /// rows themselves are not kept).
     Loaded { first_row: u32, rows: u32, table: std::sync::Arc<tables::Table> },
     /// Walked by frame pointers (no table, or it did not fit).
     Without,
@@ -317,7 +318,11 @@ impl Unwinder {
                         self.summary.files += 1;
                         self.summary.cached += usize::from(cached);
                         self.summary.rows += table.rows.len() as u64;
-                        FileState::Loaded { first_row, rows: table.rows.len() as u32, table: table.into() }
+                        let rows = table.rows.len() as u32;
+                        // The rows are in the kernel now; what places the file's addresses is all
+                        // that is needed of them (`--all` builds megabytes of rows).
+                        let placement = tables::Table { rows: Vec::new(), segments: table.segments };
+                        FileState::Loaded { first_row, rows, table: placement.into() }
                     }
                     Err(why) => {
                         self.summary.without_table.push(format!("{name}: {why}"));
