@@ -309,3 +309,46 @@ fn a_wait_in_the_same_call_on_another_descriptor_keeps_its_own_kernel_stack() {
     }
     assert_no_sysprof_programs();
 }
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn time_preempted_in_a_threads_own_code_goes_where_it_runs() {
+    let Some(_guard) = root_guard("time_preempted_in_a_threads_own_code_goes_where_it_runs") else { return };
+    // Two busy threads on one CPU preempt each other at every tick, each time somewhere else
+    // in burn_hot (3 units of every 4) or burn_cold: their stacks are walked 1 preemption in 4
+    // and the others count under the last walked, so the waits must still split as the CPU
+    // time does.
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "cpu,sched", "-o"])
+        .arg(dir.path())
+        .args(["--", "taskset", "-c", "0"])
+        .arg(workload("busy"))
+        // 4 s: some 2,000 preemptions, 500 walked, and 800 CPU samples to compare with.
+        .args(["4", "2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let share_of_hot = |folded: &[(Vec<String>, u64)]| {
+        let under = |function: &str| -> u64 {
+            folded.iter().filter(|(frames, _)| frames.iter().any(|f| f == function)).map(|(_, n)| n).sum()
+        };
+        let (hot, cold) = (under("burn_hot"), under("burn_cold"));
+        assert!(hot + cold > 0, "neither burner in {folded:?}");
+        hot as f64 / (hot + cold) as f64
+    };
+    let offcpu = read_folded(&dir.path().join("offcpu.folded"));
+    let preempted: Vec<(Vec<String>, u64)> =
+        offcpu.into_iter().filter(|(frames, _)| frames[1] == "[preempted]").collect();
+    let waited: u64 = preempted.iter().map(|(_, us)| us).sum();
+    assert!(waited > 2_000_000, "{waited} us preempted: the threads did not share the CPU: {preempted:?}");
+    let (waits, runs) =
+        (share_of_hot(&preempted), share_of_hot(&read_folded(&dir.path().join("cpu.folded"))));
+    assert!(
+        (waits - runs).abs() < 0.1,
+        "burn_hot holds {:.1}% of the preempted time and {:.1}% of the CPU samples",
+        waits * 100.0,
+        runs * 100.0
+    );
+    assert_no_sysprof_programs();
+}

@@ -38,7 +38,10 @@ pub use self::{
     calls::{CallEvent, CallKey, CallStats, call},
     cpu::SampleKey,
     histogram::LatencyHistogram,
-    memory::{AddressSpace, AllocKey, AllocStats, FaultKey, LiveAlloc, LiveKey, ProcessAllocs, alloc},
+    memory::{
+        AddressSpace, AllocKey, AllocStats, FAULT_STACKS_ALL, FaultKey, LiveAlloc, LiveKey, ProcessAllocs,
+        alloc,
+    },
     process::{ProcessEvent, process_event},
     sched::{OffCpuKey, OffCpuValue, TASK_REPORT_MAX, ThreadSched, WakeKey},
     syscalls::{
@@ -210,7 +213,8 @@ pub struct Config {
     pub nr_munmap: u32,
     pub nr_brk: u32,
     pub nr_mremap: u32,
-    /// Page-fault stacks are taken for 1 fault in this many (counts stay exact).
+    /// Minor-fault stacks past each process's first `FAULT_STACKS_ALL` are taken for 1 fault
+    /// in this many (counts stay exact).
     pub fault_stack_every: u32,
     /// sysprof's own process: never a target, whatever the filter says (a `--cgroup` or
     /// `--comm` it falls in, `--all`, a `--pid` it descends from), except while it measures its

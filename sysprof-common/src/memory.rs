@@ -35,6 +35,12 @@ pub struct FaultKey {
 }
 shared!(FaultKey, 16);
 
+/// The minor faults of each process whose stacks are all taken; past them, 1 in
+/// `Config::fault_stack_every`, each standing for as many. A short-lived process (a build's
+/// many) faults a few hundred times, which sampling would mostly miss. Every major fault's stack
+/// is taken.
+pub const FAULT_STACKS_ALL: u64 = 16;
+
 /// The allocator functions `--malloc` probes; the uprobe cookie says which.
 pub mod alloc {
     pub const MALLOC: u64 = 1;

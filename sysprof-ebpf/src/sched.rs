@@ -110,27 +110,47 @@ fn switch_out(
     state.runnable_since_ns = if involuntary { now } else { 0 };
     let entry = crate::unwind::user_entry();
     // A thread that sleeps at one place is often preempted at another (on its way back to user
-    // mode from the call that woke a thread): each has caches of its own, or they would evict
-    // each other at every switch.
-    let slot = usize::from(involuntary);
-    state.offcpu_user_stack = user_stack(ctx, &mut state.blocked[slot], &entry);
-    state.offcpu_kernel_stack = kernel_stack(ctx, &mut state.blocked_kernel[slot], &entry, prev_state);
+    // mode from the call that woke a thread), and preempted in its own code by a timer's
+    // interrupt too (`orig_ax` is negative outside a system call): each has caches of its own,
+    // or they would evict each other at every switch.
+    let in_own_code = involuntary && (entry.call[0] as i64) < 0;
+    let slot = match (involuntary, in_own_code) {
+        (false, _) => 0,
+        (true, false) => 1,
+        (true, true) => 2,
+    };
+    // Preempted in its own code, a thread is at a new place each time, where no cache matches:
+    // its stacks are walked 1 time in PREEMPTED_WALK_EVERY, at random, and the other times the
+    // wait counts under the stacks walked last. Where a timer preempts a thread is independent
+    // of the wait that follows, so the stacks come out in their right proportions, and a
+    // compiler's stack walk (several us) is not paid at every tick of a busy machine.
+    // SAFETY: plain helper call.
+    let reuse = in_own_code && unsafe { bpf_get_prandom_u32() } % PREEMPTED_WALK_EVERY != 0;
+    state.offcpu_user_stack = user_stack(ctx, &mut state.blocked[slot], &entry, reuse);
+    state.offcpu_kernel_stack = kernel_stack(ctx, &mut state.blocked_kernel[slot], &entry, prev_state, reuse);
 }
+
+/// A thread preempted in its own code has its stacks walked 1 time in this many.
+const PREEMPTED_WALK_EVERY: u32 = 4;
 
 /// 1 in this many kernel stacks at a place already seen is walked anyway (see
 /// `KernelStackCache`).
 const KERNEL_STACK_REFRESH: u32 = 16;
 
 /// The current thread's kernel stack as it leaves the CPU in `prev_state`: the one `cache` holds
-/// when it leaves from where it left when the cache was filled, in the same state, else walked
-/// (and kept).
+/// when it leaves from where it left when the cache was filled, in the same state (or when
+/// `reuse`), else walked (and kept).
 #[inline(always)]
 fn kernel_stack(
     ctx: &BtfTracePointContext,
     cache: &mut KernelStackCache,
     entry: &UserEntry,
     prev_state: u32,
+    reuse: bool,
 ) -> i32 {
+    if reuse && cache.stack >= 0 {
+        return cache.stack;
+    }
     if entry.known()
         && entry.at == cache.at
         && entry.call == cache.call
@@ -147,11 +167,14 @@ fn kernel_stack(
 }
 
 /// The current thread's user stack: the one `cache` holds when the thread is where it was when
-/// the cache was filled, else walked (and kept). Not kept for Python, whose frames the
-/// registers do not show, nor when the process's unwind tables changed since (the libraries a
-/// new process maps come in during its first milliseconds).
+/// the cache was filled (or when `reuse`), else walked (and kept). Not kept for Python, whose
+/// frames the registers do not show, nor when the process's unwind tables changed since (the
+/// libraries a new process maps come in during its first milliseconds).
 #[inline(always)]
-fn user_stack(ctx: &BtfTracePointContext, cache: &mut StackCache, entry: &UserEntry) -> i32 {
+fn user_stack(ctx: &BtfTracePointContext, cache: &mut StackCache, entry: &UserEntry, reuse: bool) -> i32 {
+    if reuse && cache.stack >= 0 {
+        return cache.stack;
+    }
     let (at, tables) = (entry.at, crate::unwind::tables_digest());
     if entry.known()
         && at == cache.at
@@ -312,7 +335,7 @@ fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
     state.waker_tid = tid;
     state.waker_user_stack = if target::is_current_target_cached(tgid) {
         match TASK_STATE.current(false) {
-            Some(waker) => user_stack(ctx, &mut waker.waking, &crate::unwind::user_entry()),
+            Some(waker) => user_stack(ctx, &mut waker.waking, &crate::unwind::user_entry(), false),
             None => stack_id(ctx, BPF_F_USER_STACK as u64),
         }
     } else {

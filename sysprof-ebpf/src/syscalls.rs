@@ -108,9 +108,31 @@ fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
     let config = config();
     let in_burst = config.syscall_burst != 0 && slot.stretch_calls > config.syscall_burst;
     let every = config.syscall_sample_every.max(1);
-    // SAFETY: plain helper call.
-    let timed = !in_burst || unsafe { bpf_get_prandom_u32() } % every == 0;
+    let timed = !in_burst || next_random() % every == 0;
     (timed, if in_burst { every } else { 1 })
+}
+
+/// Each CPU's xorshift64 state for choosing the calls timed in a burst (0 until seeded): a
+/// helper call less on every call than `bpf_get_prandom_u32`.
+#[map]
+static SYSCALL_RANDOM: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The next number of the CPU's xorshift64 sequence, seeded from the kernel's generator.
+#[inline(always)]
+fn next_random() -> u32 {
+    let Some(state) = SYSCALL_RANDOM.get_ptr_mut(0) else { return 0 };
+    // SAFETY: a per-CPU slot, used by one program at a time on this CPU.
+    let state = unsafe { &mut *state };
+    if *state == 0 {
+        // SAFETY: plain helper call. `| 1`: xorshift never leaves 0, nor reaches it.
+        *state = u64::from(unsafe { bpf_get_prandom_u32() }) << 32 | 1;
+    }
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    (x >> 32) as u32
 }
 
 /// `sys_exit(struct pt_regs *regs, long ret)`

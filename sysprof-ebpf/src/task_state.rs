@@ -41,11 +41,12 @@ pub struct TaskState {
     pub waker_tgid: u32,
     pub waker_tid: u32,
     pub waker_user_stack: i32,
-    /// Its user and kernel stacks as last walked where it went to sleep (`[0]`) and where it
-    /// was last preempted (`[1]`), and its user stack where it last woke another thread (see
-    /// [`StackCache`] and [`KernelStackCache`]).
-    pub blocked: [StackCache; 2],
-    pub blocked_kernel: [KernelStackCache; 2],
+    /// Its user and kernel stacks as last walked where it went to sleep (`[0]`), where it was
+    /// last preempted in a system call or on its way back from one (`[1]`) and in its own code
+    /// (`[2]`), and its user stack where it last woke another thread (see [`StackCache`] and
+    /// [`KernelStackCache`]).
+    pub blocked: [StackCache; 3],
+    pub blocked_kernel: [KernelStackCache; 3],
     pub waking: StackCache,
 }
 

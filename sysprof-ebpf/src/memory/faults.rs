@@ -1,5 +1,6 @@
-//! Page faults, minor and major: every fault counted per process, exactly; stacks for a sample
-//! of them, weighted to stand for all.
+//! Page faults, minor and major: every fault counted per process, exactly; stacks for every
+//! major fault and each process's first minor ones, then for a sample, weighted to stand for
+//! all.
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
@@ -8,11 +9,12 @@ use aya_ebpf::{
     maps::HashMap,
     programs::PerfEventContext,
 };
-use sysprof_common::{Counter, FaultKey, capacity};
+use sysprof_common::{Counter, FAULT_STACKS_ALL, FaultKey, capacity};
 
 use crate::{
     config::config,
     counters,
+    atomic,
     maps::{FAULT_TRACES, FAULT_TRACES_OVERFLOW, add_count, stack_id_counted},
     target, window,
 };
@@ -43,13 +45,15 @@ fn fault(ctx: &PerfEventContext, major: u32) {
     if !target::is_current_target_cached(tgid) || !window::open() {
         return;
     }
-    if !add_count(&FAULT_COUNTS, &((u64::from(tgid) << 1) | u64::from(major)), 1) {
+    let Some(faults) = count(&((u64::from(tgid) << 1) | u64::from(major))) else {
         counters::add(Counter::FaultsLost, 1);
-    }
-    // Stacks for 1 fault in `fault_stack_every`, weighted: a walk costs more than the fault.
-    let every = config().fault_stack_every.max(1);
+        return;
+    };
+    // Past a process's first minor faults, stacks for 1 fault in `fault_stack_every`, weighted:
+    // a walk costs several times a minor fault.
+    let every = if major != 0 || faults <= FAULT_STACKS_ALL { 1 } else { config().fault_stack_every.max(1) };
     // SAFETY: plain helper call.
-    if unsafe { bpf_get_prandom_u32() } % every != 0 {
+    if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
         return;
     }
     let key = FaultKey {
@@ -73,4 +77,24 @@ fn fault(ctx: &PerfEventContext, major: u32) {
     if !add_count(&FAULT_STACKS, &key, u64::from(every)) {
         counters::add(Counter::FaultsLost, 1);
     }
+}
+
+/// Adds one fault to the count under `key`; the count with it (`None`: the map is full). The
+/// count is read back after the atomic add: another CPU's fault of the process may come in
+/// between, which only moves the cut-over to sampling by one.
+#[inline(always)]
+fn count(key: &u64) -> Option<u64> {
+    if let Some(count) = FAULT_COUNTS.get_ptr_mut(key) {
+        atomic::add(count, 1);
+        // SAFETY: a map value pointer, valid for the program's run.
+        return Some(unsafe { *count });
+    }
+    if FAULT_COUNTS.insert(key, &1, aya_ebpf::bindings::BPF_NOEXIST as u64).is_ok() {
+        return Some(1);
+    }
+    // Another CPU inserted it first, or the map is full.
+    let count = FAULT_COUNTS.get_ptr_mut(key)?;
+    atomic::add(count, 1);
+    // SAFETY: as above.
+    Some(unsafe { *count })
 }
