@@ -108,7 +108,7 @@ fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
     let config = config();
     let in_burst = config.syscall_burst != 0 && slot.stretch_calls > config.syscall_burst;
     let every = config.syscall_sample_every.max(1);
-    let timed = !in_burst || next_random() % every == 0;
+    let timed = !in_burst || next_random().is_multiple_of(every);
     (timed, if in_burst { every } else { 1 })
 }
 

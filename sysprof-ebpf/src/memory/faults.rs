@@ -89,7 +89,7 @@ fn count(key: &u64) -> Option<u64> {
         // SAFETY: a map value pointer, valid for the program's run.
         return Some(unsafe { *count });
     }
-    if FAULT_COUNTS.insert(key, &1, aya_ebpf::bindings::BPF_NOEXIST as u64).is_ok() {
+    if FAULT_COUNTS.insert(key, 1, aya_ebpf::bindings::BPF_NOEXIST as u64).is_ok() {
         return Some(1);
     }
     // Another CPU inserted it first, or the map is full.
