@@ -57,8 +57,29 @@ struct Scratch {
     low: u64,
     high: u64,
     target: u64,
+    /// The mapping the last frame was in, as its index + 1 (0: none yet): a stack's frames
+    /// are mostly in one file, whose mapping is then found without a search.
+    mapping: u64,
     stack: UnwoundStack,
 }
+
+/// A row found for a file address (see `ROW_CACHE`).
+#[repr(C)]
+struct CachedRow {
+    /// The table's first row + 1 (0: an empty slot).
+    table: u32,
+    address: u32,
+    row: UnwindRow,
+}
+
+/// Slots of `ROW_CACHE` (a power of two).
+const ROW_CACHE_SLOTS: u32 = 4096;
+
+/// Rows found, per CPU, by table and file address: the same return addresses come back stack
+/// after stack, and a search is a loop of up to 24 steps (17 in a compiler's table). Tables are
+/// only ever added to `UNWIND_ROWS` during a trace, so an entry never goes stale.
+#[map]
+static ROW_CACHE: PerCpuArray<CachedRow> = PerCpuArray::with_max_entries(ROW_CACHE_SLOTS, 0);
 
 /// Steps of the row search: tables of up to 2^24 rows.
 const ROW_SEARCH_STEPS: usize = 24;
@@ -106,6 +127,7 @@ fn walk_current() -> Option<i32> {
                 crate::python::walk(process, &raw mut scratch.stack.frames, &mut scratch.hash);
         }
         (scratch.frames, scratch.first_native) = (python, python);
+        scratch.mapping = 0;
     }
     let mut walk = Walk { mappings, scratch };
     // SAFETY: `step` has the signature bpf_loop calls, and `walk` outlives the call.
@@ -364,6 +386,12 @@ fn find_mapping(mappings: &ProcessMappings, scratch: &mut Scratch, pc: u64) -> O
     if count == 0 || count > MAPPINGS_PER_PROCESS as u64 || mapping_at(mappings, 0).start > pc {
         return None;
     }
+    if scratch.mapping != 0 {
+        let last = mapping_at(mappings, scratch.mapping - 1);
+        if last.start <= pc && pc < last.end {
+            return Some(last);
+        }
+    }
     (scratch.low, scratch.high, scratch.target) = (0, count, pc);
     let mut search = Search { mappings, scratch };
     // SAFETY: as in `walk_current`.
@@ -376,7 +404,11 @@ fn find_mapping(mappings: &ProcessMappings, scratch: &mut Scratch, pc: u64) -> O
         );
     }
     let mapping = mapping_at(mappings, scratch.low);
-    (scratch.high == scratch.low + 1 && pc < mapping.end).then_some(mapping)
+    let found = scratch.high == scratch.low + 1 && pc < mapping.end;
+    if found {
+        scratch.mapping = scratch.low + 1;
+    }
+    found.then_some(mapping)
 }
 
 #[inline(always)]
@@ -410,6 +442,15 @@ fn find_row(mapping: &ExecMapping, scratch: &mut Scratch, address: u64) -> Optio
         return None;
     }
     let first = mapping.first_row as u64;
+    let slot = (address as u32).wrapping_mul(0x9e37_79b1).wrapping_add(mapping.first_row) >> 20;
+    let cached = ROW_CACHE.get_ptr_mut(slot & (ROW_CACHE_SLOTS - 1));
+    if let Some(cached) = cached {
+        // SAFETY: a per-CPU map value, used by one program at a time on this CPU.
+        let cached = unsafe { &*cached };
+        if cached.table == mapping.first_row.wrapping_add(1) && cached.address == address as u32 {
+            return Some(cached.row);
+        }
+    }
     if row_at(first)?.pc as u64 > address {
         return None;
     }
@@ -427,7 +468,13 @@ fn find_row(mapping: &ExecMapping, scratch: &mut Scratch, address: u64) -> Optio
     if scratch.high != scratch.low + 1 {
         return None;
     }
-    row_at(scratch.low)
+    let row = row_at(scratch.low)?;
+    if let Some(cached) = cached {
+        // SAFETY: as above.
+        let cached = unsafe { &mut *cached };
+        (cached.table, cached.address, cached.row) = (mapping.first_row.wrapping_add(1), address as u32, row);
+    }
+    Some(row)
 }
 
 #[inline(never)]

@@ -60,6 +60,9 @@ pub struct ProcessRecord {
     /// The digest of its executable mappings when last read (see `ProcessMaps::read_if_changed`).
     #[serde(skip)]
     maps_digest: Option<u64>,
+    /// When its maps were last read, on the kernel's monotonic clock (the events' clock).
+    #[serde(skip)]
+    last_scan_ns: u64,
     /// When its maps were last read, and how many early rescans it has had.
     #[serde(skip)]
     last_scan: Option<Instant>,
@@ -199,12 +202,16 @@ impl ProcessTable {
                 let record = self.processes.entry(event.pid).or_default();
                 record.name = comm;
                 record.started_during_trace = true;
-                record.maps = None;
-                record.maps_digest = None;
                 record.python = None;
                 record.execs += 1;
                 record.early_scans = 0;
-                self.maps_version += u64::from(scan(event.pid, record, now));
+                // Maps read after the exec already (`await_exec`) are the new program's: a
+                // short-lived one may have exited by now, and reading again would lose them.
+                if record.last_scan_ns <= event.time_ns || record.maps.is_none() {
+                    record.maps = None;
+                    record.maps_digest = None;
+                    self.maps_version += u64::from(scan(event.pid, record, now));
+                }
             }
             process_event::PYTHON_STACK => self.python_stacks.push((event.pid, event.detail)),
             process_event::MAPPED => {
@@ -267,6 +274,31 @@ impl ProcessTable {
                 Some(last + (*delay).min(self.rescan_interval))
             })
             .min()
+    }
+
+    /// Reads the maps of `pid`, a launched command just released from its gate, once they are
+    /// its program's (they were sysprof's until its exec), waiting `within` at most: a command
+    /// that runs for a few milliseconds may be gone before its exec event is read, and with it
+    /// the only chance to know where its code was.
+    pub fn await_exec(&mut self, pid: u32, within: Duration) {
+        let record = self.processes.entry(pid).or_default();
+        let before = record.maps_digest;
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            match ProcessMaps::read_if_changed(pid, before) {
+                Ok(Some((maps, digest))) if !maps.is_empty() => {
+                    (record.maps, record.maps_digest) = (Some(maps), Some(digest));
+                    record.last_scan = Some(Instant::now());
+                    record.last_scan_ns = crate::probes::monotonic_ns();
+                    self.maps_version += 1;
+                    return;
+                }
+                // Not exec'd yet.
+                Ok(_) => std::thread::sleep(Duration::from_micros(200)),
+                // Gone already.
+                Err(_) => return,
+            }
+        }
     }
 
     /// Reads the maps of `pid` if it was never seen: a process that only shows up in samples.
@@ -353,6 +385,7 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 /// Returns whether the known maps changed.
 fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
     record.last_scan = Some(now);
+    record.last_scan_ns = crate::probes::monotonic_ns();
     match ProcessMaps::read_if_changed(pid, record.maps_digest) {
         Ok(Some((maps, digest))) if !maps.is_empty() => {
             record.maps_digest = Some(digest);

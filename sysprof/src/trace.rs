@@ -36,6 +36,8 @@ use crate::{
 /// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled, and the
 /// sampling ratio then.
 const SYSCALL_BURST: u32 = 32;
+/// How long the start waits for the launched command's exec to read its program's maps.
+const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 const SYSCALL_SAMPLE_EVERY: u32 = 16;
 
 /// Runs one trace as configured and writes its results.
@@ -322,7 +324,10 @@ async fn run(
             }
             processes.observe_existing(gated.pid());
             stop.launched(&[gated.pid()]);
-            Some(gated.release()?)
+            let pid = gated.pid();
+            let watch = gated.release()?;
+            processes.await_exec(pid, EXEC_WAIT);
+            Some(watch)
         }
         None => None,
     };

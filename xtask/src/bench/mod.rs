@@ -371,7 +371,7 @@ impl Runner<'_> {
 
     fn unwind(&self) -> anyhow::Result<()> {
         let program = build_workload_with(self.root, self.out, "unwind", &["-O2", "-fomit-frame-pointer"])?;
-        let workload = vec![program.display().to_string(), "work".into(), "600".into()];
+        let workload = vec![program.display().to_string(), "work".into(), "1500".into()];
         let have_perf = tool_works("perf", &["--version"]);
         let mut configs = vec![Config { name: "bare".into(), argv: workload.clone() }];
         for hz in ["99", "999"] {
@@ -408,7 +408,7 @@ impl Runner<'_> {
             }
         }
         println!(
-            "\nunwind: main -> level1 -> level2 -> level3 -> leaf_spin x 600, built -O2 -fomit-frame-pointer, \
+            "\nunwind: main -> level1 -> level2 -> level3 -> leaf_spin x 1500, built -O2 -fomit-frame-pointer, \
              {} rounds, medians",
             self.runs
         );
