@@ -114,11 +114,11 @@ fn switch_out(
     // interrupt too (`orig_ax` is negative outside a system call): each has caches of its own,
     // or they would evict each other at every switch.
     let in_own_code = involuntary && (entry.call[0] as i64) < 0;
-    let slot = match (involuntary, in_own_code) {
-        (false, _) => 0,
-        (true, false) => 1,
-        (true, true) => 2,
-    };
+    state.stack_slot = u32::from(involuntary) + u32::from(in_own_code);
+    // Read back from the task's storage, the slot is a number in 0..=2 to the verifier, not one
+    // of three constants: what follows is verified once, not once per slot.
+    // SAFETY: a plain read of the task's own value.
+    let slot = (unsafe { core::ptr::read_volatile(&raw const state.stack_slot) } as usize).min(2);
     // Preempted in its own code, a thread is at a new place each time, where no cache matches:
     // its stacks are walked 1 time in PREEMPTED_WALK_EVERY, at random, and the other times the
     // wait counts under the stacks walked last. Where a timer preempts a thread is independent
@@ -126,8 +126,8 @@ fn switch_out(
     // compiler's stack walk (several us) is not paid at every tick of a busy machine.
     // SAFETY: plain helper call.
     let reuse = in_own_code && unsafe { bpf_get_prandom_u32() } % PREEMPTED_WALK_EVERY != 0;
-    state.offcpu_user_stack = user_stack(ctx, &mut state.blocked[slot], &entry, reuse);
     state.offcpu_kernel_stack = kernel_stack(ctx, &mut state.blocked_kernel[slot], &entry, prev_state, reuse);
+    state.offcpu_user_stack = user_stack(ctx, &mut state.blocked[slot], &entry, reuse);
 }
 
 /// A thread preempted in its own code has its stacks walked 1 time in this many.

@@ -47,6 +47,8 @@ pub struct TaskState {
     /// [`KernelStackCache`]).
     pub blocked: [StackCache; 3],
     pub blocked_kernel: [KernelStackCache; 3],
+    /// Which of them the switch-out in progress uses (see `sched.rs`).
+    pub stack_slot: u32,
     pub waking: StackCache,
 }
 
