@@ -9,7 +9,7 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_attach_cookie,
     },
@@ -26,7 +26,12 @@ use sysprof_common::{
 };
 
 use crate::{
-    counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage, timeline,
+    counters,
+    histogram::record,
+    nesting::Nesting,
+    target,
+    task_state::{StackCache, TaskStorage},
+    timeline,
     window,
 };
 
@@ -50,6 +55,9 @@ pub struct CallInFlight {
     nesting: Nesting,
     user_stack_id: i32,
     _pad: u32,
+    /// The thread's stack where it last made a probed call: a loop calling a function from
+    /// one place takes it once, not once per call.
+    stack: StackCache,
 }
 
 #[aya_ebpf::macros::btf_map]
@@ -71,11 +79,18 @@ pub fn call_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: plain helper call on this program's context.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     state.cookie = cookie;
-    state.user_stack_id = stack_id(&ctx, BPF_F_USER_STACK as u64);
-    for (index, arg) in state.args.iter_mut().enumerate() {
-        *arg = argument(&ctx, index);
+    let entry = crate::unwind::user_entry();
+    state.user_stack_id = state.stack.user_stack(&ctx, &entry, false);
+    // The arguments only where something reads them (an event's, a detail, an out pointer):
+    // a `--func` call is counted and timed by its site alone, and the stack's arguments are a
+    // read of user memory each.
+    let used = call::EVENT | call::OUT_ARG0 | call::MEMCPY3D_PARAMS | call::DETAIL_ARG0 | call::DETAIL_ARG1;
+    if cookie & used != 0 {
+        for (index, arg) in state.args.iter_mut().enumerate() {
+            *arg = argument(&ctx, index);
+        }
     }
-    state.caller = return_address(&ctx);
+    state.caller = caller(&ctx, &entry);
     if cookie & call::MEMCPY3D_PARAMS != 0 {
         read_memcpy3d(&mut state.args);
     }
@@ -228,7 +243,20 @@ pub fn stack_pointer(ctx: &ProbeContext) -> u64 {
     return 0;
 }
 
-/// Where the probed function returns to, read at its first instruction.
+/// Where the probed function returns to, at its first instruction.
+#[inline(always)]
+pub fn caller(ctx: &ProbeContext, entry: &crate::unwind::UserEntry) -> u64 {
+    // At a function's first instruction the word at the stack pointer is the return address,
+    // which the entry already read (x86-64).
+    #[cfg(bpf_target_arch = "x86_64")]
+    if entry.known() {
+        return entry.at[3];
+    }
+    let _ = entry;
+    return_address(ctx)
+}
+
+/// The return address of the function probed at its entry.
 #[inline(always)]
 pub fn return_address(ctx: &ProbeContext) -> u64 {
     #[cfg(bpf_target_arch = "x86_64")]

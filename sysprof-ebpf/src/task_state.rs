@@ -7,12 +7,18 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE,
-        task_struct,
+        BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_LOCAL_STORAGE_GET_F_CREATE,
+        bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, task_struct,
     },
-    helpers::generated::{bpf_get_current_task_btf, bpf_task_storage_get},
+    helpers::{
+        bpf_get_prandom_u32,
+        generated::{bpf_get_current_task_btf, bpf_task_storage_get},
+    },
     macros::btf_map,
+    programs::tracing::StackIdContext,
 };
+
+use crate::{maps::stack_id, unwind::UserEntry};
 
 /// What sysprof remembers about one task.
 #[repr(C)]
@@ -79,6 +85,60 @@ pub struct KernelStackCache {
     pub state: u32,
     /// Its id, or a `stack::` marker (never reused).
     pub stack: i32,
+}
+
+impl StackCache {
+    /// The current thread's user stack: the one kept when the thread is where it was when it
+    /// was kept (or when `reuse`), else walked (and kept). Not kept for Python, whose frames
+    /// the registers do not show, nor when the process's unwind tables changed since (the
+    /// libraries a new process maps come in during its first milliseconds).
+    #[inline(always)]
+    pub fn user_stack<C: StackIdContext>(&mut self, ctx: &C, entry: &UserEntry, reuse: bool) -> i32 {
+        if reuse && self.stack >= 0 {
+            return self.stack;
+        }
+        let (at, tables) = (entry.at, crate::unwind::tables_digest());
+        if entry.known()
+            && at == self.at
+            && tables == self.tables
+            && self.stack >= 0
+            && crate::python::process().is_none()
+        {
+            return self.stack;
+        }
+        let stack = stack_id(ctx, BPF_F_USER_STACK as u64);
+        (self.at, self.tables, self.stack) = (at, tables, stack);
+        stack
+    }
+}
+
+/// 1 in this many kernel stacks at a place already seen is walked anyway (see
+/// [`KernelStackCache`]).
+const KERNEL_STACK_REFRESH: u32 = 16;
+
+impl KernelStackCache {
+    /// The current thread's kernel stack as it leaves the CPU in `state`: the one kept when it
+    /// leaves from where it left when it was kept, in the same state (or when `reuse`), else
+    /// walked (and kept).
+    #[inline(always)]
+    pub fn kernel_stack<C: StackIdContext>(&mut self, ctx: &C, entry: &UserEntry, state: u32, reuse: bool) -> i32 {
+        if reuse && self.stack >= 0 {
+            return self.stack;
+        }
+        if entry.known()
+            && entry.at == self.at
+            && entry.call == self.call
+            && state == self.state
+            && self.stack >= 0
+            // SAFETY: plain helper call.
+            && unsafe { bpf_get_prandom_u32() } % KERNEL_STACK_REFRESH != 0
+        {
+            return self.stack;
+        }
+        let stack = stack_id(ctx, 0);
+        (self.at, self.call, self.state, self.stack) = (entry.at, entry.call, state, stack);
+        stack
+    }
 }
 
 pub const UNDECIDED: u32 = 0;

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap},
@@ -12,7 +12,12 @@ use aya_ebpf::{
 use sysprof_common::{AllocKey, AllocStats, Counter, LiveAlloc, LiveKey, ProcessAllocs, alloc, capacity};
 
 use crate::{
-    atomic, counters, histogram::record, maps::stack_id, nesting::Nesting, target, task_state::TaskStorage,
+    atomic,
+    counters,
+    histogram::record,
+    nesting::Nesting,
+    target,
+    task_state::{StackCache, TaskStorage},
 };
 
 #[map]
@@ -39,6 +44,9 @@ pub struct AllocInFlight {
     nesting: Nesting,
     user_stack_id: i32,
     _pad: u32,
+    /// The thread's stack where it last allocated: a loop allocating from one place takes it
+    /// once, not once per call.
+    stack: StackCache,
 }
 
 #[aya_ebpf::macros::btf_map]
@@ -68,8 +76,9 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     state.kind = kind;
     state.size = size;
     state.pointer = pointer;
-    state.caller = crate::calls::return_address(&ctx);
-    state.user_stack_id = stack_id(&ctx, BPF_F_USER_STACK as u64);
+    let entry = crate::unwind::user_entry();
+    state.caller = crate::calls::caller(&ctx, &entry);
+    state.user_stack_id = state.stack.user_stack(&ctx, &entry, false);
     0
 }
 
