@@ -9,9 +9,9 @@ use std::{fmt::Write as _, path::Path};
 use super::{Config, Row, Runner, find, measure, print_table, tool_works};
 
 /// C files in the generated project.
-const SOURCES: usize = 32;
+const SOURCES: usize = 16;
 /// Bytes of text `xz -9` compresses.
-const TEXT_BYTES: usize = 6 << 20;
+const TEXT_BYTES: usize = 3 << 20;
 
 impl Runner<'_> {
     pub(super) fn realistic(&self) -> anyhow::Result<()> {
