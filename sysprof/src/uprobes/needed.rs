@@ -119,9 +119,26 @@ fn default_dirs() -> impl Iterator<Item = &'static str> {
     .into_iter()
 }
 
-/// soname -> path, from the loader's cache as `ldconfig -p` prints it.
+/// Where distributions install ldconfig. Never looked up on PATH: as root (through sudo, or with
+/// a user's environment kept) a PATH entry another user can write would run their program.
+const LDCONFIG: [&str; 2] = ["/sbin/ldconfig", "/usr/sbin/ldconfig"];
+
+/// soname -> path, from the loader's cache as `ldconfig -p` prints it (nothing when no trusted
+/// ldconfig is found: the default directories are searched still).
 fn ld_so_cache() -> HashMap<String, PathBuf> {
-    let Ok(output) = std::process::Command::new("ldconfig").arg("-p").output() else {
+    let Some(ldconfig) = LDCONFIG.iter().map(Path::new).find(|path| path.is_file()) else {
+        return HashMap::new();
+    };
+    let ldconfig = if crate::privileges::is_root() {
+        match crate::privileges::trusted_library(ldconfig) {
+            Ok(path) => path,
+            Err(_) => return HashMap::new(),
+        }
+    } else {
+        ldconfig.to_path_buf()
+    };
+    // A clean environment: no LD_PRELOAD or locale of the caller's, and the output in C's words.
+    let Ok(output) = std::process::Command::new(ldconfig).arg("-p").env_clear().output() else {
         return HashMap::new();
     };
     let native = if cfg!(target_arch = "x86_64") { "x86-64" } else { "AArch64" };
@@ -152,5 +169,11 @@ mod tests {
             "{needed:?}"
         );
         assert!(needed.iter().all(|p| p.is_file()));
+    }
+
+    #[test]
+    fn the_loaders_cache_comes_from_ldconfig_at_its_fixed_place() {
+        let cache = ld_so_cache();
+        assert!(cache.get("libc.so.6").is_some_and(|path| path.is_file()), "{} entries", cache.len());
     }
 }
