@@ -25,6 +25,9 @@ pub mod call {
     /// Key the statistics by argument 0 (the kernel launched), or by argument 1.
     pub const DETAIL_ARG0: u64 = 1 << 20;
     pub const DETAIL_ARG1: u64 = 1 << 21;
+    /// The flags whose handling reads the call's arguments; a call with none of them is counted
+    /// and timed by its site alone, and its entry reads no argument (each is a user read).
+    pub const READS_ARGS: u64 = EVENT | OUT_ARG0 | MEMCPY3D_PARAMS | DETAIL_ARG0 | DETAIL_ARG1;
 
     /// Where `cudaMemcpy3DParms` fields land in a [`crate::CallEvent`]'s `args` (argument 0 stays
     /// the pointer): source pointer, width in bytes, height, depth, kind, destination pointer.

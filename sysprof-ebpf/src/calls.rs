@@ -81,11 +81,8 @@ pub fn call_enter(ctx: ProbeContext) -> u32 {
     state.cookie = cookie;
     let entry = crate::unwind::user_entry();
     state.user_stack_id = state.stack.user_stack(&ctx, &entry, false);
-    // The arguments only where something reads them (an event's, a detail, an out pointer):
-    // a `--func` call is counted and timed by its site alone, and the stack's arguments are a
-    // read of user memory each.
-    let used = call::EVENT | call::OUT_ARG0 | call::MEMCPY3D_PARAMS | call::DETAIL_ARG0 | call::DETAIL_ARG1;
-    if cookie & used != 0 {
+    // The arguments only where something reads them (a `--func` call reads none).
+    if cookie & call::READS_ARGS != 0 {
         for (index, arg) in state.args.iter_mut().enumerate() {
             *arg = argument(&ctx, index);
         }
