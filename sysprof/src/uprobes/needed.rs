@@ -19,7 +19,7 @@ const MAX_LIBRARIES: usize = 512;
 
 /// Every library `program` needs, directly or through its libraries, that can be found.
 pub fn needed_libraries(program: &Path) -> Vec<PathBuf> {
-    let cache = ld_so_cache();
+    let cache = LD_SO_CACHE.get_or_init(ld_so_cache);
     let env_dirs: Vec<PathBuf> =
         std::env::var_os("LD_LIBRARY_PATH").map(|v| std::env::split_paths(&v).collect()).unwrap_or_default();
     let mut found = Vec::new();
@@ -122,6 +122,9 @@ fn default_dirs() -> impl Iterator<Item = &'static str> {
 /// Where distributions install ldconfig. Never looked up on PATH: as root (through sudo, or with
 /// a user's environment kept) a PATH entry another user can write would run their program.
 const LDCONFIG: [&str; 2] = ["/sbin/ldconfig", "/usr/sbin/ldconfig"];
+
+/// The loader's cache, read once per run: every probe family that looks for libraries asks.
+static LD_SO_CACHE: std::sync::OnceLock<HashMap<String, PathBuf>> = std::sync::OnceLock::new();
 
 /// soname -> path, from the loader's cache as `ldconfig -p` prints it (nothing when no trusted
 /// ldconfig is found: the default directories are searched still).
