@@ -97,8 +97,17 @@ pub mod names {
     pub const CALL_EVENTS: &str = "CALL_EVENTS";
     /// Hash: tgid -> [`crate::AddressSpace`].
     pub const ADDRESS_SPACE: &str = "ADDRESS_SPACE";
-    /// Hash: tgid << 1 | major -> page faults (exact).
+    /// Hash: tgid << 1 | major -> page faults (exact). On the system-wide fault events the
+    /// fault programs count every fault here; on the targets' own events (see
+    /// [`FAULT_TASK_COUNTERS`]) the exit program adds each exiting thread's own counters.
     pub const FAULT_COUNTS: &str = "FAULT_COUNTS";
+    /// Array, one u32: 1 when the targets' faults are counted by the kernel's per-task
+    /// counters (`min_flt`, `maj_flt`, what getrusage and /proc read), the fault events being
+    /// the targets' own and sampled; 0 when the fault programs count every fault.
+    pub const FAULT_TASK_COUNTERS: &str = "FAULT_TASK_COUNTERS";
+    /// Hash: tid -> [minor, major] faults of a target thread that existed when the trace
+    /// started, at its start: what its exit does not count.
+    pub const FAULT_BASELINES: &str = "FAULT_BASELINES";
     /// Hash: [`crate::FaultKey`] -> sampled faults (weighted).
     pub const FAULT_STACKS: &str = "FAULT_STACKS";
     /// `STACK_TRACE` map of the page faults' stacks, apart: an exec-heavy program faults in
@@ -162,6 +171,9 @@ pub mod capacity {
     pub const CALL_EVENTS: u32 = 4 * 1024 * 1024;
     pub const ADDRESS_SPACE: u32 = 4 * 1024;
     pub const FAULT_COUNTS: u32 = 8 * 1024;
+    /// Target threads alive when the trace starts whose faults so far are left out; per-task
+    /// fault events are used up to 256 target threads (more run out of descriptors).
+    pub const FAULT_BASELINES: u32 = 1024;
     pub const FAULT_STACKS: u32 = 32 * 1024;
     pub const ALLOC_STACKS: u32 = 32 * 1024;
     pub const PROCESS_ALLOCS: u32 = 4 * 1024;
@@ -214,7 +226,8 @@ pub struct Config {
     pub nr_brk: u32,
     pub nr_mremap: u32,
     /// Minor-fault stacks past each process's first `FAULT_STACKS_ALL` are taken for 1 fault
-    /// in this many (counts stay exact).
+    /// in this many (counts stay exact): by the fault program on system-wide events, as the
+    /// sample period of the targets' own events.
     pub fault_stack_every: u32,
     /// sysprof's own process: never a target, whatever the filter says (a `--cgroup` or
     /// `--comm` it falls in, `--all`, a `--pid` it descends from), except while it measures its
@@ -229,8 +242,13 @@ pub struct Config {
     /// The timeline (`timeline.rs`): 0 off; else the shortest wait off the CPU and system call
     /// it records, in microseconds (samples and probed calls are recorded whatever their length).
     pub timeline_min_us: u32,
+    /// Offsets of `task_struct::min_flt` and `maj_flt` (each an unsigned long), from BTF: the
+    /// kernel's own count of a thread's faults. 0 when unknown, which keeps the fault programs
+    /// counting every fault.
+    pub task_min_flt_offset: u32,
+    pub task_maj_flt_offset: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 14 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 16 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {

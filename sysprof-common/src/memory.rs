@@ -35,10 +35,11 @@ pub struct FaultKey {
 }
 shared!(FaultKey, 16);
 
-/// The minor faults of each process whose stacks are all taken; past them, 1 in
-/// `Config::fault_stack_every`, each standing for as many. A short-lived process (a build's
-/// many) faults a few hundred times, which sampling would mostly miss. Every major fault's stack
-/// is taken.
+/// On every CPU's fault events (`--all`, `--comm`, a cgroup), where a program runs for every
+/// fault anyway: the minor faults of each process whose stacks are all taken; past them, 1 in
+/// `Config::fault_stack_every`, each standing for as many. On the targets' own events, the
+/// event's period picks 1 in `fault_stack_every` from the first (no program runs for the
+/// others, which is what makes them cheap). Every major fault's stack is taken.
 pub const FAULT_STACKS_ALL: u64 = 16;
 
 /// The allocator functions `--malloc` probes; the uprobe cookie says which.

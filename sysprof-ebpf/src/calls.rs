@@ -31,8 +31,7 @@ use crate::{
     nesting::Nesting,
     target,
     task_state::{StackCache, TaskStorage},
-    timeline,
-    window,
+    timeline, window,
 };
 
 #[map]

@@ -27,6 +27,8 @@ static CONFIG: Config = Config {
     nr_exit_group: u32::MAX,
     task_fsbase_offset: 0,
     timeline_min_us: 0,
+    task_min_flt_offset: 0,
+    task_maj_flt_offset: 0,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

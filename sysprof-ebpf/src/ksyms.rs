@@ -36,7 +36,8 @@ pub fn kernel_symbols(ctx: RawTracePointContext) -> i32 {
 #[inline(never)]
 unsafe extern "C" fn name_one(index: u64, _context: *mut core::ffi::c_void) -> i64 {
     let index = index as u32;
-    let (Some(address), Some(name)) = (KSYM_ADDRESSES.get_ptr_mut(index), KSYM_NAMES.get_ptr_mut(index)) else {
+    let (Some(address), Some(name)) = (KSYM_ADDRESSES.get_ptr_mut(index), KSYM_NAMES.get_ptr_mut(index))
+    else {
         return 1;
     };
     // SAFETY: both pointers are map values of the sizes given; the format is a NUL-terminated

@@ -92,7 +92,11 @@ pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
 fn try_process_exit() {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if pid_tgid as u32 != tgid || !target::is_current_target(tgid) {
+    if !target::is_current_target(tgid) {
+        return;
+    }
+    crate::memory::faults::count_exiting_thread(tgid, pid_tgid as u32);
+    if pid_tgid as u32 != tgid {
         return;
     }
     // Its pid may be reused by a process with other mappings.

@@ -121,7 +121,13 @@ impl KernelStackCache {
     /// leaves from where it left when it was kept, in the same state (or when `reuse`), else
     /// walked (and kept).
     #[inline(always)]
-    pub fn kernel_stack<C: StackIdContext>(&mut self, ctx: &C, entry: &UserEntry, state: u32, reuse: bool) -> i32 {
+    pub fn kernel_stack<C: StackIdContext>(
+        &mut self,
+        ctx: &C,
+        entry: &UserEntry,
+        state: u32,
+        reuse: bool,
+    ) -> i32 {
         if reuse && self.stack >= 0 {
             return self.stack;
         }

@@ -264,8 +264,9 @@ fn user_registers() -> Option<Registers> {
     // helper call less on every switch and sample).
     let slot = |regs: *const u64, index: usize| unsafe { core::ptr::read_volatile(regs.add(index)) };
     let regs = unsafe {
-        aya_ebpf::helpers::generated::bpf_task_pt_regs(aya_ebpf::helpers::generated::bpf_get_current_task_btf())
-            as *const u64
+        aya_ebpf::helpers::generated::bpf_task_pt_regs(
+            aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
+        ) as *const u64
     };
     if regs.is_null() {
         return None;

@@ -28,6 +28,10 @@ pub struct TaskOffsets {
     /// `thread.fsbase` (x86_64): 3.10's Python threads are known by it. 0 where the kernel
     /// has no such field.
     pub fsbase: u32,
+    /// `min_flt` and `maj_flt`: each thread's own fault counts, which the exit program reads
+    /// (0 where the kernel has no such field: the fault programs then count every fault).
+    pub min_flt: u32,
+    pub maj_flt: u32,
 }
 
 impl TaskOffsets {
@@ -42,6 +46,8 @@ impl TaskOffsets {
                 .member_offset("task_struct", "thread")
                 .and_then(|thread| Ok(thread + btf.member_offset("thread_struct", "fsbase")?))
                 .unwrap_or(0),
+            min_flt: btf.member_offset("task_struct", "min_flt").unwrap_or(0),
+            maj_flt: btf.member_offset("task_struct", "maj_flt").unwrap_or(0),
         })
     }
 }
@@ -207,6 +213,9 @@ mod tests {
         // pid and tgid are adjacent pid_t fields in every kernel since 2.6.
         assert_eq!(offsets.tgid, offsets.pid + 4);
         assert!(offsets.pid > 0);
+        // min_flt and maj_flt are adjacent unsigned longs (with nvcsw and nivcsw before them).
+        assert_eq!(offsets.maj_flt, offsets.min_flt + 8);
+        assert!(offsets.min_flt > 0);
     }
 
     /// The walk agrees with btf-rs, a general BTF parser, on every named field of structs

@@ -465,6 +465,7 @@ pub async fn collect(
     let end_ns = crate::probes::monotonic_ns();
     let elapsed = started.elapsed();
     probes.set_u64(sysprof_common::names::TRACE_WINDOW, 1, end_ns)?;
+    probes.settle_fault_counts()?;
     let stats_coverage = stats_windows.finish(probes);
     Ok(Collected {
         ended_by: reason,

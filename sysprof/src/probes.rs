@@ -208,6 +208,11 @@ pub struct Probes {
     pub(crate) lineage: Option<Vec<u32>>,
     /// Whether the page-fault events are the targets' own (see `attach_page_faults`).
     pub(crate) fault_events_per_task: bool,
+    /// Whether the programs know where a thread's fault counters are (kernel BTF had them).
+    pub(crate) fault_counters_known: bool,
+    /// Each target process's faults [minor, major] when the trace started, when the kernel's
+    /// per-task counters count them (see `start_fault_counts`).
+    pub(crate) fault_baselines: Option<HashMap<u32, [u64; 2]>>,
 }
 
 /// What tells a file changed: its identity, size and modification time.
@@ -293,6 +298,8 @@ impl Probes {
             probed_files: BTreeMap::new(),
             lineage: None,
             fault_events_per_task: false,
+            fault_counters_known: config.task_min_flt_offset != 0,
+            fault_baselines: None,
         })
     }
 

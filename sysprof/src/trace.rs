@@ -169,6 +169,8 @@ fn kernel_config(
         nr_exit_group: u32::MAX,
         task_fsbase_offset: offsets.fsbase,
         timeline_min_us: if config.timeline_events > 0 { crate::timeline::MIN_SLICE_US } else { 0 },
+        task_min_flt_offset: offsets.min_flt,
+        task_maj_flt_offset: offsets.maj_flt,
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
@@ -310,6 +312,7 @@ async fn run(
     // The kernel side's start of the trace too: the programs count from here (a thread on a
     // CPU now is counted from here).
     probes.set_u64(sysprof_common::names::TRACE_WINDOW, 0, monotonic_ns())?;
+    probes.start_fault_counts()?;
     let command = match gated {
         // Interrupted while the probes were attached: the command never starts (dropping the
         // gate ends the child before it runs anything), and nothing was traced.

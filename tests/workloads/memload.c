@@ -3,6 +3,9 @@
 //   memload touch N [MS]     maps N fresh pages (no huge pages) and writes one byte to each in
 //                            touch_pages: N minor faults there; prints "ns_per_call=X" per page
 //                            (the fault benchmark's timer); then holds them MS milliseconds
+//   memload faultgo N MS     waits for a byte on stdin, then touches N fresh pages as touch
+//                            does, and prints "minflt=X majflt=Y": its own faults over the
+//                            touching, as getrusage counts them; then holds MS milliseconds
 //   memload mmaps K SIZE     waits for a byte on stdin (so a trace can start first), then maps
 //                            and unmaps SIZE bytes K times: K mmap and K munmap calls of SIZE
 //   memload allocs N K       waits for a byte on stdin, then N rounds of allocate_known_sizes
@@ -22,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -95,6 +99,20 @@ int main(int argc, char **argv) {
         printf("ns_per_call=%.1f\n", (now() - start) * 1e9 / n);
         fflush(stdout);
         if (argc >= 4) usleep(atol(argv[3]) * 1000);
+        return 0;
+    }
+    if (strcmp(mode, "faultgo") == 0 && argc >= 4) {
+        wait_for_go();
+        struct rusage before, after;
+        getrusage(RUSAGE_SELF, &before);
+        char *pages = mmap(NULL, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (pages == MAP_FAILED) return 4;
+        madvise(pages, n * page, MADV_NOHUGEPAGE);
+        touch_pages(pages, n, page);
+        getrusage(RUSAGE_SELF, &after);
+        printf("minflt=%ld majflt=%ld\n", after.ru_minflt - before.ru_minflt, after.ru_majflt - before.ru_majflt);
+        fflush(stdout);
+        usleep(atol(argv[3]) * 1000);
         return 0;
     }
     if (strcmp(mode, "mmaps") == 0 && argc >= 4) {

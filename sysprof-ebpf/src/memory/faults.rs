@@ -1,20 +1,30 @@
 //! Page faults, minor and major: every fault counted per process, exactly; stacks for every
-//! major fault and each process's first minor ones, then for a sample, weighted to stand for
-//! all.
+//! major fault and for a sample of minor ones, weighted to stand for all.
+//!
+//! Two ways to count, chosen by userspace at attach (`FAULT_TASK_COUNTERS`):
+//! - on the targets' own events (`--pid`, a command: one per thread, inherited), the kernel
+//!   already counts each thread's faults (`min_flt`, `maj_flt`: what getrusage reads), so no
+//!   program runs per fault to count them. The exit program adds an exiting thread's counters
+//!   here, userspace reads live processes' from /proc at the end, and the minor event runs this
+//!   program for 1 fault in `fault_stack_every` (its sample period), for the stack only. A
+//!   compiler's build faults some 70,000 times: at 600 ns a fault, the largest BPF cost of it;
+//! - on the system-wide events (`--all`, `--comm`, a cgroup: most of the machine's faults are
+//!   not the target's), the program runs on every fault, counts the target's, and takes the
+//!   stacks of each process's first minor faults, then of 1 in `fault_stack_every` at random.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32, bpf_probe_read_kernel},
     macros::{map, perf_event},
-    maps::HashMap,
+    maps::{Array, HashMap},
     programs::PerfEventContext,
 };
 use sysprof_common::{Counter, FAULT_STACKS_ALL, FaultKey, capacity};
 
 use crate::{
+    atomic,
     config::config,
     counters,
-    atomic,
     maps::{FAULT_TRACES, FAULT_TRACES_OVERFLOW, add_count, stack_id_counted},
     target, window,
 };
@@ -24,6 +34,16 @@ static FAULT_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(capacity::FAU
 
 #[map]
 static FAULT_STACKS: HashMap<FaultKey, u64> = HashMap::with_max_entries(capacity::FAULT_STACKS, 0);
+
+/// 1: the targets' own counters count, the programs only take stacks (see the module's notes).
+#[map]
+static FAULT_TASK_COUNTERS: Array<u32> = Array::with_max_entries(1, 0);
+
+/// tid -> [minor, major] at the trace's start, for target threads that existed then. Not
+/// preallocated: most traces launch their target, and have none.
+#[map]
+static FAULT_BASELINES: HashMap<u32, [u64; 2]> =
+    HashMap::with_max_entries(capacity::FAULT_BASELINES, BPF_F_NO_PREALLOC);
 
 /// A minor fault (perf software event, one run per fault).
 #[perf_event]
@@ -45,17 +65,24 @@ fn fault(ctx: &PerfEventContext, major: u32) {
     if !target::is_current_target_cached(tgid) || !window::open() {
         return;
     }
-    let Some(faults) = count(&((u64::from(tgid) << 1) | u64::from(major))) else {
-        counters::add(Counter::FaultsLost, 1);
-        return;
+    let every = if task_counters() {
+        // The event's own period chose this fault; the thread's counter counted it.
+        if major != 0 { 1 } else { config().fault_stack_every.max(1) }
+    } else {
+        let Some(faults) = count(&((u64::from(tgid) << 1) | u64::from(major))) else {
+            counters::add(Counter::FaultsLost, 1);
+            return;
+        };
+        // Past a process's first minor faults, stacks for 1 fault in `fault_stack_every`,
+        // weighted: a walk costs several times a minor fault.
+        let every =
+            if major != 0 || faults <= FAULT_STACKS_ALL { 1 } else { config().fault_stack_every.max(1) };
+        // SAFETY: plain helper call.
+        if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
+            return;
+        }
+        every
     };
-    // Past a process's first minor faults, stacks for 1 fault in `fault_stack_every`, weighted:
-    // a walk costs several times a minor fault.
-    let every = if major != 0 || faults <= FAULT_STACKS_ALL { 1 } else { config().fault_stack_every.max(1) };
-    // SAFETY: plain helper call.
-    if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
-        return;
-    }
     let key = FaultKey {
         tgid,
         major,
@@ -97,4 +124,44 @@ fn count(key: &u64) -> Option<u64> {
     atomic::add(count, 1);
     // SAFETY: as above.
     Some(unsafe { *count })
+}
+
+/// Whether the targets' own counters count their faults (see the module's notes).
+#[inline(always)]
+fn task_counters() -> bool {
+    FAULT_TASK_COUNTERS.get(0).is_some_and(|on| *on != 0)
+}
+
+/// Called by the exit program for each exiting thread of a target: adds the faults the kernel
+/// counted for it (past its count at the trace's start, for a thread that existed then) to its
+/// process. Its mm is gone by now, so the counts are final.
+#[inline(always)]
+pub fn count_exiting_thread(tgid: u32, tid: u32) {
+    let config = config();
+    // Once the window closes, userspace reads what is left from /proc (see
+    // `settle_fault_counts`): an exit from then on must not add its faults again.
+    if !task_counters() || !window::open() || config.task_min_flt_offset == 0 {
+        return;
+    }
+    // SAFETY: plain helper call; the task is the current one, alive for the program's run.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    // SAFETY: offsets from the running kernel's BTF; the helper checks the reads.
+    let (Ok(minor), Ok(major)) = (unsafe {
+        (
+            bpf_probe_read_kernel(task.add(config.task_min_flt_offset as usize) as *const u64),
+            bpf_probe_read_kernel(task.add(config.task_maj_flt_offset as usize) as *const u64),
+        )
+    }) else {
+        return;
+    };
+    let (minor, major) = match FAULT_BASELINES.get_ptr(tid) {
+        // SAFETY: a map value pointer, valid for the program's run.
+        Some(base) => unsafe { (minor.saturating_sub((*base)[0]), major.saturating_sub((*base)[1])) },
+        None => (minor, major),
+    };
+    for (kind, faults) in [(0, minor), (1, major)] {
+        if faults != 0 && !add_count(&FAULT_COUNTS, &((u64::from(tgid) << 1) | kind), faults) {
+            counters::add(Counter::FaultsLost, faults);
+        }
+    }
 }

@@ -12,8 +12,7 @@ use aya_ebpf::{
 use sysprof_common::{AllocKey, AllocStats, Counter, LiveAlloc, LiveKey, ProcessAllocs, alloc, capacity};
 
 use crate::{
-    atomic,
-    counters,
+    atomic, counters,
     histogram::record,
     nesting::Nesting,
     target,

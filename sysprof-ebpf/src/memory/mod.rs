@@ -2,5 +2,5 @@
 //! (`address_space`, called by the syscall programs) and the heap (`heap`, `--malloc`).
 
 pub mod address_space;
-mod faults;
+pub mod faults;
 mod heap;

@@ -3,9 +3,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use aya::programs::{
-    PerfEvent, ProgramError,
-    perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+use anyhow::Context as _;
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData},
+    programs::{
+        PerfEvent, ProgramError,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
 };
 use sysprof_common::{
     AddressSpace, AllocKey, AllocStats, Config, FaultKey, LiveAlloc, LiveKey, ProcessAllocs, names,
@@ -109,14 +113,16 @@ const FAULT_EVENTS: [(&str, SoftwareEvent, &str); 2] = [
 const MAX_TASK_EVENT_THREADS: usize = 256;
 
 impl Probes {
-    /// Attaches the page-fault programs: the kernel's minor and major fault software events,
-    /// every fault. When the target is a set of processes and what they start (`--pid`, a
-    /// command), the events are the targets' own (one per thread, inherited by every thread
-    /// and process it starts), and no other process's fault runs a program at all; otherwise
-    /// (`--all`, `--comm`, a cgroup) they are on every online CPU, and the programs keep the
-    /// target's faults.
+    /// Attaches the page-fault programs: the kernel's minor and major fault software events.
+    /// When the target is a set of processes and what they start (`--pid`, a command), the
+    /// events are the targets' own (one per thread, inherited by every thread and process it
+    /// starts): no other process's fault runs a program at all, the kernel's per-task counters
+    /// count the targets' faults (see `start_fault_counts`), and the minor event runs its
+    /// program for 1 fault in `FAULT_STACK_EVERY`, for a stack. Otherwise (`--all`, `--comm`, a
+    /// cgroup) they are on every online CPU, every fault, and the programs count the target's.
     pub fn attach_page_faults(&mut self) -> anyhow::Result<()> {
         let threads = self.lineage.as_deref().map(threads_of).filter(|t| t.len() <= MAX_TASK_EVENT_THREADS);
+        let by_task = threads.is_some() && self.fault_counters_known;
         let cpus = online_cpus()?;
         for (name, event, what) in FAULT_EVENTS {
             let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
@@ -125,12 +131,15 @@ impl Probes {
             }
             let (links, attached_to) = match &threads {
                 Some(threads) => {
-                    let links =
-                        attach_to_threads(program, event, threads).map_err(|e| fault_event_error(what, e))?;
+                    let period = task_event_period(event, by_task);
+                    let links = attach_to_threads(program, event, period, threads)
+                        .map_err(|e| fault_event_error(what, e))?;
+                    let which =
+                        if period == 1 { "every fault".to_string() } else { format!("1 fault in {period}") };
                     (
                         links,
                         format!(
-                            "software event {what}, every fault of the targets' threads and of what they start"
+                            "software event {what}, {which} of the targets' threads and of what they start"
                         ),
                     )
                 }
@@ -161,6 +170,66 @@ impl Probes {
             });
         }
         self.fault_events_per_task = threads.is_some();
+        if by_task {
+            let mut on: Array<&mut MapData, u32> =
+                Array::try_from(self.map_mut(names::FAULT_TASK_COUNTERS)?)?;
+            on.set(0, 1, 0)?;
+            self.fault_baselines = Some(HashMap::new());
+        }
+        Ok(())
+    }
+
+    /// At the trace's start, when the kernel's per-task counters count the targets' faults:
+    /// what each target thread and process counted so far, which the trace leaves out. Threads
+    /// started from here begin at 0.
+    pub fn start_fault_counts(&mut self) -> anyhow::Result<()> {
+        if self.fault_baselines.is_none() {
+            return Ok(());
+        }
+        let targets: Vec<u32> =
+            self.entries::<u32, u8>(names::TARGETS)?.into_iter().map(|(pid, _)| pid).collect();
+        let mut baselines: BpfHashMap<&mut MapData, u32, [u64; 2]> =
+            BpfHashMap::try_from(self.map_mut(names::FAULT_BASELINES)?)?;
+        let mut processes = HashMap::new();
+        for pid in targets {
+            let Ok(process) = procfs::process::Process::new(pid as i32) else { continue };
+            let Ok(stat) = process.stat() else { continue };
+            processes.insert(pid, [stat.minflt, stat.majflt]);
+            for task in process.tasks().into_iter().flatten().flatten() {
+                if let Ok(stat) = task.stat() {
+                    // A full map leaves the thread's earlier faults in: counted, not lost.
+                    let _ = baselines.insert(task.tid as u32, [stat.minflt, stat.majflt], 0);
+                }
+            }
+        }
+        self.fault_baselines = Some(processes);
+        Ok(())
+    }
+
+    /// At the trace's end (its window closed), when the kernel's per-task counters count the
+    /// targets' faults: each target process still there gets its faults from /proc, which adds
+    /// up its live threads and the ones that ended (exactly, under the kernel's lock), less
+    /// what it had at the start. The exit program has counted the processes that are gone.
+    pub fn settle_fault_counts(&mut self) -> anyhow::Result<()> {
+        let Some(baselines) = &self.fault_baselines else { return Ok(()) };
+        let mut settled = Vec::new();
+        for (pid, _) in self.entries::<u32, u8>(names::TARGETS)? {
+            let Ok(stat) = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()) else { continue };
+            let [minor, major] = baselines.get(&pid).copied().unwrap_or_default();
+            settled.push((pid, [stat.minflt.saturating_sub(minor), stat.majflt.saturating_sub(major)]));
+        }
+        let mut counts: BpfHashMap<&mut MapData, u64, u64> =
+            BpfHashMap::try_from(self.map_mut(names::FAULT_COUNTS)?)?;
+        for (pid, faults) in settled {
+            for (kind, count) in faults.into_iter().enumerate() {
+                let key = u64::from(pid) << 1 | kind as u64;
+                if count == 0 {
+                    let _ = counts.remove(&key);
+                } else {
+                    counts.insert(key, count, 0).context("counting a target's faults")?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -172,15 +241,26 @@ impl Probes {
             return Ok(());
         }
         let threads = threads_of(&[pid]);
+        let by_task = self.fault_baselines.is_some();
         for (name, event, what) in FAULT_EVENTS {
             let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
-            let links =
-                attach_to_threads(program, event, &threads).map_err(|e| fault_event_error(what, e))?;
+            let links = attach_to_threads(program, event, task_event_period(event, by_task), &threads)
+                .map_err(|e| fault_event_error(what, e))?;
             if let Some(probe) = self.attached.iter_mut().rev().find(|probe| probe.program == name) {
                 probe.links += links;
             }
         }
         Ok(())
+    }
+}
+
+/// How many of a target's own fault events run the program once: when the kernel's per-task
+/// counters count (`by_task`), 1 minor fault in `FAULT_STACK_EVERY`, for its stack, and every
+/// major one (each read the disk); otherwise every fault, which the program counts.
+fn task_event_period(event: SoftwareEvent, by_task: bool) -> u64 {
+    match event {
+        SoftwareEvent::PageFaultsMin if by_task => u64::from(super::FAULT_STACK_EVERY),
+        _ => 1,
     }
 }
 
@@ -205,12 +285,13 @@ fn threads_of(pids: &[u32]) -> Vec<u32> {
 fn attach_to_threads(
     program: &mut PerfEvent,
     event: SoftwareEvent,
+    period: u64,
     threads: &[u32],
 ) -> Result<u32, ProgramError> {
     let mut attached = 0;
     for &tid in threads {
         let scope = PerfEventScope::OneProcess { pid: tid, cpu: None };
-        match program.attach(PerfEventConfig::Software(event), scope, SamplePolicy::Period(1), true) {
+        match program.attach(PerfEventConfig::Software(event), scope, SamplePolicy::Period(period), true) {
             Ok(_) => attached += 1,
             // The thread exited between the listing and the attach.
             Err(ProgramError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ESRCH) => {}
