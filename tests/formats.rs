@@ -119,9 +119,13 @@ fn the_pprof_files_hold_what_the_folded_files_do() {
     assert_eq!(total(&offcpu, 0) as u64, folded("offcpu.folded") * 1000);
     assert!(labels(&offcpu).contains_key("reason"), "{:?}", labels(&offcpu));
 
-    // Faults: the same weighted counts, minor or major as a label.
-    let faults = decode(&dir.path().join("faults.pb.gz"));
-    assert_eq!(total(&faults, 0) as u64, folded("faults.folded"));
+    // Faults: the same weighted counts, minor or major as a label. busy faults too seldom for a
+    // launched command's sampled fault stacks (1 in 64): memload touches 5,000 fresh pages.
+    let (faulted, _) = trace(&["--focus", "memory"], &[], "memload", &["touch", "5000"]);
+    let faults = decode(&faulted.path().join("faults.pb.gz"));
+    let folded_faults = folded_total(&faulted.path().join("faults.folded"));
+    assert!(folded_faults >= 4_000, "{folded_faults} faults in faults.folded for 5,000 pages");
+    assert_eq!(total(&faults, 0) as u64, folded_faults);
     assert!(labels(&faults)["fault"].iter().all(|f| f == "minor fault" || f == "major fault"));
 
     // The reference reader: `go tool pprof` parses it and puts burn_hot on top.
@@ -135,10 +139,9 @@ fn the_pprof_files_hold_what_the_folded_files_do() {
     let listing = String::from_utf8_lossy(&top.stdout);
     let first = listing.lines().skip_while(|l| !l.trim_start().starts_with("flat")).nth(1).unwrap_or("");
     assert!(first.ends_with("burn_hot"), "{listing}");
-    for name in ["offcpu.pb.gz", "faults.pb.gz"] {
-        let raw =
-            Command::new(&go).args(["tool", "pprof", "-raw"]).arg(dir.path().join(name)).output().unwrap();
-        assert!(raw.status.success(), "{name}: {}", support::text(&raw));
+    for file in [dir.path().join("offcpu.pb.gz"), faulted.path().join("faults.pb.gz")] {
+        let raw = Command::new(&go).args(["tool", "pprof", "-raw"]).arg(&file).output().unwrap();
+        assert!(raw.status.success(), "{}: {}", file.display(), support::text(&raw));
     }
 }
 
