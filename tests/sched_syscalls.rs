@@ -324,8 +324,8 @@ fn time_preempted_in_a_threads_own_code_goes_where_it_runs() {
         .arg(dir.path())
         .args(["--", "taskset", "-c", "0"])
         .arg(workload("busy"))
-        // 4 s: some 2,000 preemptions, 500 walked, and 800 CPU samples to compare with.
-        .args(["4", "2"])
+        // 6 s: some 3,000 preemptions, 750 walked, and 1,200 CPU samples to compare with.
+        .args(["6", "2"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
