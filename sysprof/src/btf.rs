@@ -37,8 +37,10 @@ pub struct TaskOffsets {
 impl TaskOffsets {
     /// Reads the offsets from the kernel BTF at `path`.
     pub fn from_btf(path: &Path) -> anyhow::Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading BTF {}", path.display()))?;
-        let btf = TypeIndex::new(&bytes).with_context(|| format!("parsing BTF {}", path.display()))?;
+        Ok(read_kernel_types(path)?.0)
+    }
+
+    fn from_index(btf: &TypeIndex<'_>) -> anyhow::Result<Self> {
         Ok(TaskOffsets {
             pid: btf.member_offset("task_struct", "pid")?,
             tgid: btf.member_offset("task_struct", "tgid")?,
@@ -49,6 +51,77 @@ impl TaskOffsets {
             min_flt: btf.member_offset("task_struct", "min_flt").unwrap_or(0),
             maj_flt: btf.member_offset("task_struct", "maj_flt").unwrap_or(0),
         })
+    }
+}
+
+/// The `task_struct` offsets and the BTF tracepoints' type ids, from one walk of the kernel
+/// BTF at `path`.
+pub fn read_kernel_types(path: &Path) -> anyhow::Result<(TaskOffsets, TracepointIds)> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading BTF {}", path.display()))?;
+    let btf = TypeIndex::new(&bytes).with_context(|| format!("parsing BTF {}", path.display()))?;
+    Ok((TaskOffsets::from_index(&btf)?, TracepointIds::from_index(&btf)))
+}
+
+/// Each BTF tracepoint's type id in the kernel's BTF (the typedef `btf_trace_<name>`), by name.
+///
+/// A BTF tracepoint program is loaded with that id, and it is all aya takes from the `Btf` it
+/// is given (`BtfTracePoint::load` looks the typedef up by name). aya's own parse of the
+/// kernel's BTF, 140,000 types, costs some 40 ms of CPU and 20 MB at every start; so sysprof
+/// hands it a `Btf` made of just the typedefs it attaches, each at its kernel id, the ids
+/// before them filled with empty pointer records (`btf_for`).
+#[derive(Clone, Debug, Default)]
+pub struct TracepointIds(std::collections::BTreeMap<String, u32>);
+
+/// BTF kinds of the records `btf_for` writes.
+const KIND_PTR: u32 = 2;
+const KIND_TYPEDEF: u32 = 8;
+
+impl TracepointIds {
+    fn from_index(btf: &TypeIndex<'_>) -> Self {
+        let ids = (1..=btf.records.len() as u32).filter_map(|id| {
+            let record = btf.record(id).filter(|r| r.kind == KIND_TYPEDEF)?;
+            let name = btf.name(record.name_off).strip_prefix(b"btf_trace_")?;
+            Some((String::from_utf8_lossy(name).into_owned(), id))
+        });
+        TracepointIds(ids.collect())
+    }
+
+    /// The kernel's type id of tracepoint `name`'s typedef.
+    pub fn get(&self, name: &str) -> Option<u32> {
+        self.0.get(name).copied()
+    }
+
+    /// A BTF blob (little-endian, as `TypeIndex` reads) where each of `tracepoints` has its
+    /// typedef at its kernel id, for aya's `BtfTracePoint::load`.
+    pub fn btf_for(&self, tracepoints: &[&str]) -> anyhow::Result<aya::Btf> {
+        let mut wanted = std::collections::BTreeMap::new();
+        let mut strings = vec![0u8];
+        for &name in tracepoints {
+            let id = self.get(name).with_context(|| format!("no BTF tracepoint {name} in the kernel"))?;
+            wanted.insert(id, strings.len() as u32);
+            strings.extend_from_slice(format!("btf_trace_{name}").as_bytes());
+            strings.push(0);
+        }
+        let last = wanted.keys().next_back().copied().unwrap_or(0);
+        let mut types = Vec::with_capacity(last as usize * 12);
+        for id in 1..=last {
+            let (name_off, kind) = match wanted.get(&id) {
+                Some(&name_off) => (name_off, KIND_TYPEDEF),
+                None => (0, KIND_PTR),
+            };
+            for word in [name_off, kind << 24, 0] {
+                types.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        let mut blob = Vec::with_capacity(24 + types.len() + strings.len());
+        blob.extend_from_slice(&MAGIC.to_le_bytes());
+        blob.extend_from_slice(&[1, 0]); // version 1, no flags
+        for word in [24, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+            blob.extend_from_slice(&word.to_le_bytes());
+        }
+        blob.extend_from_slice(&types);
+        blob.extend_from_slice(&strings);
+        aya::Btf::parse(&blob, aya::Endianness::Little).context("the tracepoints' BTF")
     }
 }
 
@@ -204,6 +277,27 @@ mod tests {
             return None;
         }
         Some(path)
+    }
+
+    /// What aya finds in the small `Btf` is what it would find in its parse of the whole
+    /// kernel BTF: the same id for each tracepoint sysprof attaches.
+    #[test]
+    fn the_tracepoints_btf_gives_aya_the_kernels_ids() {
+        let Some(path) = running_kernel_btf() else { return };
+        let (_, ids) = read_kernel_types(&path).unwrap();
+        let tracepoints = ["sched_switch", "sched_waking", "sys_enter", "sys_exit", "signal_deliver"];
+        let small = ids.btf_for(&tracepoints).unwrap();
+        let whole = aya::Btf::parse_file(&path, aya::Endianness::Little).unwrap();
+        for name in tracepoints {
+            let typedef = format!("btf_trace_{name}");
+            let kind = aya_obj::btf::BtfKind::Typedef;
+            assert_eq!(
+                small.id_by_type_name_kind(&typedef, kind).unwrap(),
+                whole.id_by_type_name_kind(&typedef, kind).unwrap(),
+                "{name}"
+            );
+        }
+        assert!(ids.btf_for(&["no_such_tracepoint"]).is_err());
     }
 
     #[test]

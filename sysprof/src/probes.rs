@@ -155,8 +155,11 @@ impl Preload {
 pub(crate) const PROCESS_TRACKING: [Preload; 3] =
     [Preload::Plain("process_fork"), Preload::Plain("process_exec"), Preload::Plain("process_exit")];
 
-/// The kernel's BTF as aya reads it: needed only to attach BTF tracepoints.
+/// The kernel's BTF as aya needs it: only to attach BTF tracepoints.
 enum KernelBtf {
+    /// The tracepoints' ids from sysprof's own walk of the kernel BTF: aya gets a `Btf` of just
+    /// the typedefs it looks up (see `btf::TracepointIds`), and the kernel's is never parsed.
+    Indexed(crate::btf::TracepointIds),
     NotAsked,
     Parsing(std::thread::JoinHandle<Result<Btf, aya::BtfError>>),
     Parsed(Btf),
@@ -164,9 +167,22 @@ enum KernelBtf {
 }
 
 impl KernelBtf {
+    /// A `Btf` in which aya finds `tracepoints`: made from the ids when they are known, else
+    /// the kernel's, parsed.
+    fn for_tracepoints(&mut self, tracepoints: &[&str]) -> Result<std::borrow::Cow<'_, Btf>, String> {
+        if let KernelBtf::Indexed(ids) = self
+            && let Ok(btf) = ids.btf_for(tracepoints)
+        {
+            return Ok(std::borrow::Cow::Owned(btf));
+        }
+        self.get().map(std::borrow::Cow::Borrowed)
+    }
+
     fn get(&mut self) -> Result<&Btf, String> {
         let parsed = match std::mem::replace(self, KernelBtf::NotAsked) {
-            KernelBtf::NotAsked => Btf::from_sys_fs().map_err(|error| error.to_string()),
+            KernelBtf::Indexed(_) | KernelBtf::NotAsked => {
+                Btf::from_sys_fs().map_err(|error| error.to_string())
+            }
             KernelBtf::Parsing(thread) => match thread.join() {
                 Ok(parsed) => parsed.map_err(|error| error.to_string()),
                 Err(_) => Err("the BTF parser panicked".into()),
@@ -306,6 +322,12 @@ impl Probes {
     /// Starts parsing the kernel's BTF on a thread of its own, for the BTF tracepoints that
     /// attach later: its 50 ms then overlap the unwind tables' and the other programs'
     /// loading instead of adding to the start.
+    /// Gives the BTF tracepoints' ids, found by sysprof's own walk of the kernel's BTF: the
+    /// kernel's BTF is then not parsed at all (see `btf::TracepointIds`).
+    pub fn use_tracepoint_ids(&mut self, ids: crate::btf::TracepointIds) {
+        self.btf = KernelBtf::Indexed(ids);
+    }
+
     pub fn parse_kernel_btf_ahead(&mut self) {
         if matches!(self.btf, KernelBtf::NotAsked) {
             self.btf = KernelBtf::Parsing(std::thread::spawn(Btf::from_sys_fs));
@@ -402,10 +424,18 @@ impl Probes {
     /// (`parse_kernel_btf_ahead`). A program that fails here is left for its attach to load
     /// again and report, with the verifier's log.
     pub(crate) fn preload(&mut self, programs: &[Preload]) {
-        let btf = match programs.iter().any(|p| matches!(p, Preload::BtfTracePoint(..))) {
-            true => self.btf.get().ok(),
-            false => None,
+        let tracepoints: Vec<&str> = programs
+            .iter()
+            .filter_map(|p| match p {
+                Preload::BtfTracePoint(_, tracepoint) => Some(*tracepoint),
+                Preload::Plain(_) => None,
+            })
+            .collect();
+        let btf = match tracepoints.is_empty() {
+            false => self.btf.for_tracepoints(&tracepoints).ok(),
+            true => None,
         };
+        let btf = btf.as_deref();
         let mut wanted: Vec<(&Preload, &mut aya::programs::Program)> = Vec::new();
         for (name, program) in self.ebpf.programs_mut() {
             // Families share programs: the first naming one is enough.
@@ -443,16 +473,17 @@ impl Probes {
         if self.attached.iter().any(|probe| probe.program == program_name) {
             return Ok(());
         }
-        let btf = self.btf.get().map_err(|error| Error::MissingKernelFeature {
-            feature: "kernel BTF (/sys/kernel/btf/vmlinux)".into(),
-            fix: format!(
-                "the scheduler and syscall probes need it ({error}): use a kernel built with \
-                 CONFIG_DEBUG_INFO_BTF=y, or --focus cpu"
-            ),
-        })?;
         let program: &mut BtfTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
         if program.fd().is_err() {
-            program.load(tracepoint, btf).map_err(|e| rejected(program_name, e))?;
+            let btf =
+                self.btf.for_tracepoints(&[tracepoint]).map_err(|error| Error::MissingKernelFeature {
+                    feature: "kernel BTF (/sys/kernel/btf/vmlinux)".into(),
+                    fix: format!(
+                        "the scheduler and syscall probes need it ({error}): use a kernel built with \
+                     CONFIG_DEBUG_INFO_BTF=y, or --focus cpu"
+                    ),
+                })?;
+            program.load(tracepoint, &btf).map_err(|e| rejected(program_name, e))?;
         }
         program.attach().with_context(|| format!("attaching {program_name} to tp_btf/{tracepoint}"))?;
         let program_id = program.info()?.id();

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use sysprof_common::{Config, capacity, filter};
 
 use crate::{
-    btf::{self, TaskOffsets},
+    btf::{self, TaskOffsets, TracepointIds},
     collect::{self, EndReason, StatusLine, Stop, StopPlan, TraceEnd, UprobeTracers},
     config::{Target, TraceConfig},
     cpustat::CpuTicks,
@@ -89,8 +89,8 @@ async fn preflight_and_run(
         ));
     }
     let mut limitations = Vec::new();
-    let offsets = match TaskOffsets::from_btf(&btf::vmlinux_btf_path()) {
-        Ok(offsets) => Some(offsets),
+    let (offsets, tracepoint_ids) = match btf::read_kernel_types(&btf::vmlinux_btf_path()) {
+        Ok((offsets, ids)) => (Some(offsets), Some(ids)),
         Err(error) => {
             let line = format!(
                 "kernel BTF not available ({error:#}): child processes started during the trace are not \
@@ -98,13 +98,13 @@ async fn preflight_and_run(
             );
             say(&line);
             limitations.push(line);
-            None
+            (None, None)
         }
     };
     // What the later stages need of the configuration, decided once.
     let props = ReportProps::of(&config);
     let bpf_config = kernel_config(&config, &props, &resolved, offsets);
-    let preflight = Preflight { props, resolved, bpf_config, output, limitations };
+    let preflight = Preflight { props, resolved, bpf_config, output, limitations, tracepoint_ids };
     run(config, preflight, loader, stop).await
 }
 
@@ -185,6 +185,8 @@ struct Preflight {
     bpf_config: Config,
     output: OutputDir,
     limitations: Vec<String>,
+    /// Where the kernel's BTF has the tracepoints (`None` without kernel BTF).
+    tracepoint_ids: Option<TracepointIds>,
 }
 
 async fn run(
@@ -193,7 +195,8 @@ async fn run(
     loader: LoaderAhead,
     stop: Stop,
 ) -> anyhow::Result<TraceOutcome> {
-    let Preflight { mut props, mut resolved, bpf_config, output, mut limitations } = preflight;
+    let Preflight { mut props, mut resolved, bpf_config, output, mut limitations, tracepoint_ids } =
+        preflight;
     let started_at = SystemTime::now();
 
     // The targets' memory maps first, before anything is attached: a target that exits while
@@ -222,8 +225,10 @@ async fn run(
         unwind_chunks: unwind_chunks(config.unwind_memory_mib),
     };
     let mut probes = Probes::load_with(loader.get(), &bpf_config, sizes)?;
-    if on.sched || on.syscalls {
-        probes.parse_kernel_btf_ahead();
+    match tracepoint_ids {
+        Some(ids) => probes.use_tracepoint_ids(ids),
+        None if on.sched || on.syscalls => probes.parse_kernel_btf_ahead(),
+        None => {}
     }
     // The running targets' tables first: cached ones are written before the trace starts.
     let mut unwinder = (sizes.unwind_chunks > 0).then(|| Unwinder::new(sizes.unwind_chunks));
