@@ -246,7 +246,7 @@ fn the_report_has_every_table() {
     ] {
         assert!(markdown.contains(heading), "missing {heading}:\n{markdown}");
     }
-    for program in ["sched_switch", "sched_waking", "syscall_enter", "syscall_exit"] {
+    for program in ["sched_switch", "sched_switch_in", "sched_waking", "syscall_enter", "syscall_exit"] {
         assert!(markdown.contains(&format!("| `{program}` |")), "{program} missing from Part B");
     }
     assert_no_sysprof_programs();

@@ -112,6 +112,11 @@ pub const ROWS: &str = "UNWIND_ROWS";
 pub const PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
 /// Hash: stack id (marked [`crate::stack::UNWOUND`]) -> [`UnwoundStack`].
 pub const STACKS: &str = "UNWOUND_STACKS";
+/// Array: the rows found lately, [`ROW_CACHE_SLOTS`] per CPU; sized by userspace at load time
+/// (`ROW_CACHE_SLOTS` x the possible CPUs).
+pub const ROW_CACHE: &str = "ROW_CACHE";
+/// Slots of [`ROW_CACHE`] per CPU (a power of two).
+pub const ROW_CACHE_SLOTS: u32 = 4096;
 
 /// Processes with tables at once.
 pub const PROCESSES: u32 = 256;

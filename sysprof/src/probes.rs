@@ -102,6 +102,18 @@ fn kernel_programs() -> BTreeSet<u32> {
     aya::programs::loaded_programs().filter_map(|info| info.ok().map(|info| info.id())).collect()
 }
 
+/// Each program's size in the object, in bytes, by name (empty if the object cannot be read).
+fn program_sizes() -> HashMap<&'static str, u64> {
+    use object::{Object as _, ObjectSymbol as _};
+    let Ok(file) = object::File::parse(BPF_OBJECT) else {
+        return HashMap::new();
+    };
+    file.symbols()
+        .filter(|symbol| symbol.kind() == object::SymbolKind::Text && symbol.is_global())
+        .filter_map(|symbol| Some((symbol.name().ok()?, symbol.size())))
+        .collect()
+}
+
 /// A detach under way (see [`Probes::detach`]).
 pub struct Detaching(std::thread::JoinHandle<DetachReport>);
 
@@ -288,6 +300,14 @@ impl Probes {
                 if sizes.unwind_chunks > 1 { sizes.stacks } else { 1 },
             )
             .map_max_entries(
+                sysprof_common::unwind::ROW_CACHE,
+                if sizes.unwind_chunks > 1 {
+                    sysprof_common::unwind::ROW_CACHE_SLOTS * aya::util::nr_cpus().map_or(1, |n| n as u32)
+                } else {
+                    1
+                },
+            )
+            .map_max_entries(
                 sysprof_common::unwind::PROCESS_MAPPINGS,
                 if sizes.unwind_chunks > 1 { sysprof_common::unwind::PROCESSES } else { 1 },
             )
@@ -444,6 +464,10 @@ impl Probes {
                 wanted.push((spec, program));
             }
         }
+        // The biggest first: the verifier's time grows with a program's size, and the start
+        // waits for the slowest, which should not be the last to get a CPU.
+        let sizes = program_sizes();
+        wanted.sort_by_key(|(spec, _)| std::cmp::Reverse(sizes.get(spec.program()).copied().unwrap_or(0)));
         std::thread::scope(|scope| {
             for (spec, program) in wanted {
                 scope.spawn(move || {

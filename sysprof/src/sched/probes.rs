@@ -43,6 +43,7 @@ impl Family for SchedFamily {
     fn programs(&self) -> &'static [Preload] {
         &[
             SCHED_SWITCH,
+            SCHED_SWITCH_IN,
             Preload::Plain("interrupt_exit"),
             Preload::Plain("interrupt_enter"),
             Preload::BtfTracePoint("sched_waking", "sched_waking"),
@@ -51,6 +52,7 @@ impl Family for SchedFamily {
 
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
         probes.attach_sched_switch()?;
+        probes.attach_btf_tracepoint("sched_switch_in", "sched_switch")?;
         // Before the wakeup program: it asks them whether a wakeup is an interrupt's.
         probes.attach_interrupt_tracking()?;
         probes.attach_sched_waking()
@@ -73,6 +75,9 @@ impl Family for SchedFamily {
 
 /// The context-switch program, which the syscall and memory families attach too.
 pub(crate) const SCHED_SWITCH: Preload = Preload::BtfTracePoint("sched_switch", "sched_switch");
+
+/// Its other half, for the thread getting the CPU (see `sysprof-ebpf/src/sched.rs`).
+const SCHED_SWITCH_IN: Preload = Preload::BtfTracePoint("sched_switch_in", "sched_switch");
 
 impl Probes {
     /// Attaches the context-switch program (scheduler statistics, off-CPU stacks, and parking of
