@@ -320,8 +320,18 @@ fn a_closed_or_full_stderr_costs_no_result() {
 /// the exit status, stderr, the report and the sleep's pid.
 fn interrupt_mid_trace(signo: i32) -> (std::process::ExitStatus, String, serde_json::Value, u32) {
     let dir = output_dir();
-    let mut tracing =
-        spawn_tracing_with(sysprof().args(["trace", "-o"]).arg(dir.path()).args(["--", "sleep", "30"]));
+    let mut command = sysprof();
+    command.args(["trace", "-o"]).arg(dir.path()).args(["--", "sleep", "30"]);
+    // Run under nohup (or from a background job), the suite hands its children an ignored
+    // SIGHUP, which sysprof keeps by design: this sysprof gets the default, as from a terminal.
+    // SAFETY: signal() is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut tracing = spawn_tracing_with(&mut command);
     let sleep = child_pids(tracing.child.id()).into_iter().next().expect("the command runs");
     signal(&tracing.child, signo);
     let status = wait_bounded(&mut tracing.child, Duration::from_secs(30));
