@@ -87,6 +87,8 @@ pub mod names {
     pub const TRACE_WINDOW: &str = "TRACE_WINDOW";
     /// Hash: [`crate::OffCpuKey`] -> [`crate::OffCpuValue`].
     pub const OFFCPU: &str = "OFFCPU";
+    /// Program array: `sched_switch_in`, which the context-switch program tail-calls.
+    pub const SWITCH_IN: &str = "SWITCH_IN";
     /// Hash: [`crate::WakeKey`] -> [`crate::OffCpuValue`]: the waits and who ended them.
     pub const WAKES: &str = "WAKES";
     /// Task local storage of the scheduler and syscall programs (kernel side only).
@@ -137,9 +139,11 @@ pub mod names {
     pub const PROCESS_ALLOCS: &str = "PROCESS_ALLOCS";
     /// LRU hash: [`crate::LiveKey`] -> [`crate::LiveAlloc`]: allocations not freed yet.
     pub const LIVE_ALLOCS: &str = "LIVE_ALLOCS";
-    /// Array with one u64: bumped whenever the target set changes, so per-CPU caches of
-    /// "is this process a target" know to decide again.
-    pub const TARGETS_GENERATION: &str = "TARGETS_GENERATION";
+    /// Array of u64 words, one bit per process id, set for the processes in `TARGETS`: what
+    /// the programs test (an inlined array load), while `TARGETS` is what userspace lists.
+    /// Memory-mapped (`BPF_F_MMAPABLE`), so userspace sets and clears bits atomically beside
+    /// the programs' own atomic updates.
+    pub const TARGET_BITS: &str = "TARGET_BITS";
 }
 
 /// Capacity of the maps, sized for a busy 64-CPU host profiled for minutes. Userspace may raise
@@ -152,6 +156,10 @@ pub mod capacity {
     pub const CPU_SAMPLES: u32 = 64 * 1024;
     /// Processes in the target set at once.
     pub const TARGETS: u32 = 16 * 1024;
+    /// Words of `TARGET_BITS`: a bit for every process id the kernel can hand out
+    /// (`PID_MAX_LIMIT`, 4,194,304 on 64-bit), 512 KiB, so a `pid_max` raised during the trace
+    /// is still covered.
+    pub const TARGET_BITS_WORDS: u32 = 4 * 1024 * 1024 / 64;
     /// Bytes of the process-event ring buffer (a power of two, a multiple of the page size).
     pub const PROCESS_EVENTS: u32 = 256 * 1024;
     /// Distinct (process, syscall) pairs.

@@ -16,3 +16,11 @@ pub fn add32(value: *mut u32, n: u32) {
     // SAFETY: as for `add`, with 4-byte alignment.
     unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(value, n) };
 }
+
+/// Sets the bits of `bits` in the `u64` at `value`, atomically with respect to other CPUs
+/// (and to userspace, for a memory-mapped map).
+#[inline(always)]
+pub fn or(value: *mut u64, bits: u64) {
+    // SAFETY: as for `add`.
+    unsafe { core::intrinsics::atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(value, bits) };
+}

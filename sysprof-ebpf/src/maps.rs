@@ -31,13 +31,15 @@ pub static CPU_STACKS_OVERFLOW: StackTrace = StackTrace::with_max_entries(capaci
 #[map]
 pub static FAULT_TRACES_OVERFLOW: StackTrace = StackTrace::with_max_entries(capacity::STACKS / 4, 0);
 
-/// tgid -> 1 for the processes being profiled (filter::TARGETS).
+/// tgid -> 1 for the processes being profiled (filter::TARGETS): the list userspace reads.
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(capacity::TARGETS, 0);
 
-/// Bumped on every change to `TARGETS` (by the programs and by userspace).
+/// The same set as bits by process id, which the programs test (see
+/// `sysprof_common::names::TARGET_BITS`).
 #[map]
-pub static TARGETS_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+pub static TARGET_BITS: Array<u64> =
+    Array::with_max_entries(capacity::TARGET_BITS_WORDS, aya_ebpf::bindings::BPF_F_MMAPABLE);
 
 /// Adds `n` to the count under `key`, creating it at `n`; false when the map is full (the
 /// caller counts the loss its own way).

@@ -69,6 +69,7 @@ fn try_process_exec() {
     if let Some(state) = TASK_STATE.current(false) {
         state.target = UNDECIDED;
     }
+    target::renote_current();
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !target::is_current_target(tgid) {
         if config().filter != filter::TARGETS || !target::current_comm_matches() {

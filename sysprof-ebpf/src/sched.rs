@@ -12,7 +12,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST, task_struct},
     helpers::{bpf_get_current_comm, bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, ProgramArray},
     programs::BtfTracePointContext,
 };
 use sysprof_common::{
@@ -55,29 +55,43 @@ static ZERO_HISTOGRAM: Array<LatencyHistogram> = Array::with_max_entries(1, 0);
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
 /// unsigned int prev_state)`, run by `prev` (still current): the thread leaving the CPU.
 ///
-/// The thread getting the CPU is `sched_switch_in`'s, a program of its own on the same
-/// tracepoint: the two touch different tasks' state, and verified as one program they cost
-/// the verifier far more than apart (each of the leaving side's ways out is a new state for
-/// the arriving side: 96 ms against 40 and 13 here), on the start's critical path. Apart,
-/// they are verified side by side, and a switch pays one more program call (some 15 ns).
+/// The thread getting the CPU is `sched_switch_in`'s, a program of its own that this one ends
+/// with a tail call to: the two touch different tasks' state, and verified as one program they
+/// cost the verifier far more than apart (each of the leaving side's ways out is a new state
+/// for the arriving side: 96 ms against 40 and 13 here), on the start's critical path. Apart,
+/// they are verified side by side; chained by a tail call (a patched jump), not attached twice,
+/// every switch on the machine pays one program call, not two.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let prev: *mut task_struct = ctx.arg(1);
     let prev_state = ctx.arg::<u64>(3) as u32;
-    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+    let tid = target::current_pid_tgid() as u32;
     syscalls::park_in_flight(tid, prev);
-    if config().sched_stats != 0 {
+    // Every other process's switches end at the target test, before any storage lookup.
+    if config().sched_stats != 0 && target::task_may_be_target(prev) {
         switch_out(&ctx, prev, prev_state, &mut lazy_clock());
+    }
+    // Last: until here, `current` is still `prev`.
+    target::note_on_cpu(ctx.arg(2));
+    if config().sched_stats != 0 {
+        // SAFETY: the array's one entry is `sched_switch_in`, a program of this tracepoint
+        // (the same context); while it is empty, this program simply ends here.
+        unsafe { SWITCH_IN.tail_call(&ctx, 0) };
     }
     0
 }
 
-/// `sched_switch`, for `next`: the thread getting the CPU (attached only for the scheduler's
-/// statistics).
+/// `sched_switch_in`, which `sched_switch` ends with (see there).
+#[map]
+static SWITCH_IN: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// `sched_switch`, for `next`: the thread getting the CPU (loaded only for the scheduler's
+/// statistics, and run by `sched_switch`'s tail call).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_in(ctx: BtfTracePointContext) -> i32 {
-    if config().sched_stats != 0 {
-        switch_in(ctx.arg(2), &mut lazy_clock());
+    let next: *mut task_struct = ctx.arg(2);
+    if config().sched_stats != 0 && target::task_may_be_target(next) {
+        switch_in(next, &mut lazy_clock());
     }
     0
 }
@@ -266,7 +280,8 @@ fn switch_in(next: *mut task_struct, clock: &mut impl FnMut() -> u64) {
 #[btf_tracepoint(function = "sched_waking")]
 pub fn sched_waking(ctx: BtfTracePointContext) -> i32 {
     let task: *mut task_struct = ctx.arg(0);
-    if let Some(state) = TASK_STATE.get(task, false)
+    if target::task_may_be_target(task)
+        && let Some(state) = TASK_STATE.get(task, false)
         && state.target == TARGET
         && state.runnable_since_ns == 0
     {

@@ -5,7 +5,9 @@
 //! - the call in flight lives in a per-CPU slot (an inlined array access), not in a per-thread
 //!   map; a thread that leaves the CPU mid-call has it parked in its task local storage by the
 //!   context-switch program, so blocking calls are timed like any other;
-//! - whether a process is a target is cached per CPU (`target::is_current_target_cached`);
+//! - the current task's ids come from a per-CPU slot the switch program fills, and whether its
+//!   process is a target from one bit of an array (`target.rs`): no helper call, no hash map,
+//!   for the calls of every other process on the machine;
 //! - counts of untimed calls add up in a small per-CPU cache (`PendingCount`, four entries keyed
 //!   by syscall number) and reach the shared map when an entry is evicted; userspace adds what
 //!   is still pending at the end. A loop of the same few syscalls touches no hash map;
@@ -19,7 +21,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, PerCpuArray},
     programs::BtfTracePointContext,
@@ -56,7 +58,7 @@ const MAX_ERRNO: i64 = 4095;
 /// `sys_enter(struct pt_regs *regs, long id)`
 #[btf_tracepoint(function = "sys_enter")]
 pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid_tgid = target::current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !target::is_current_target_cached(tgid) || !window::open() {
         return 0;
@@ -138,7 +140,7 @@ fn next_random() -> u32 {
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid_tgid = target::current_pid_tgid();
     let tid = pid_tgid as u32;
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
         return 0;

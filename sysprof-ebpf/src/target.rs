@@ -1,7 +1,8 @@
 //! Which tasks are part of the target, decided in the kernel so that nothing else is copied out.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm},
+    bindings::task_struct,
+    helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::map,
     maps::PerCpuArray,
 };
@@ -11,7 +12,7 @@ use crate::{
     atomic,
     config::config,
     counters,
-    maps::{TARGETS, TARGETS_GENERATION},
+    maps::{TARGET_BITS, TARGETS},
     task_state::{NOT_TARGET, TARGET, TaskState},
 };
 
@@ -35,11 +36,12 @@ pub fn is_current_target(tgid: u32) -> bool {
     }
 }
 
-/// Whether `tgid` is in the target set (filter::TARGETS).
+/// Whether `tgid` is in the target set (filter::TARGETS): one bit of `TARGET_BITS`, an array
+/// load the verifier inlines. Every process's syscalls and switches pass here in `--pid` mode,
+/// so this is most of what tracing one process costs the others.
 #[inline(always)]
 pub fn is_target_process(tgid: u32) -> bool {
-    // SAFETY: the value is only tested for presence.
-    unsafe { TARGETS.get(tgid).is_some() }
+    TARGET_BITS.get(tgid / 64).is_some_and(|word| *word & (1 << (tgid % 64)) != 0)
 }
 
 /// Adds a process to the target set, counting the ones that do not fit.
@@ -49,43 +51,104 @@ pub fn add_target_process(tgid: u32) {
         counters::add(Counter::TargetsFull, 1);
         return;
     }
-    if let Some(generation) = TARGETS_GENERATION.get_ptr_mut(0) {
-        atomic::add(generation, 1);
+    if let Some(word) = TARGET_BITS.get_ptr_mut(tgid / 64) {
+        atomic::or(word, 1 << (tgid % 64));
     }
 }
 
-/// The last verdict of `is_current_target` on this CPU.
+/// Whether `task` may belong to the target, from its process id alone, before anything is
+/// looked up for it: exact for filter::TARGETS, and yes for the filters that need the task's
+/// own storage to remember their verdict (the cgroup's is a helper call, on the current task
+/// only). Read straight from the BTF task pointer: no helper call.
+#[inline(always)]
+pub fn task_may_be_target(task: *const task_struct) -> bool {
+    let config = config();
+    if config.filter != filter::TARGETS || config.task_tgid_offset == 0 {
+        return true;
+    }
+    is_target_process(task_field(task, config.task_tgid_offset))
+}
+
+/// The `u32` at `offset` in `task`: a tp_btf argument (a trusted task pointer), and the offset
+/// one of `Config`'s, from kernel BTF (`pid`, `tgid`): a constant the verifier checks the load
+/// against the task's type with, so no helper call is needed.
+#[inline(always)]
+fn task_field(task: *const task_struct, offset: u32) -> u32 {
+    // SAFETY: as above; the verifier rejects the program if the offset is not a u32 field.
+    unsafe { core::ptr::read_volatile(task.cast::<u8>().add(offset as usize).cast::<u32>()) }
+}
+
+/// The `pid_tgid` of the task running on each CPU, as the switch program saw it arrive (0 until
+/// then, and for the idle task): the syscall programs, which every process on the machine runs
+/// twice per call, read it with an inlined per-CPU load instead of calling a helper, which on
+/// this kind of host (a VM, return thunks against speculation) costs more than the rest of the
+/// test. `current` changes only at a switch, with interrupts off from the tracepoint to the
+/// switch itself, so no event runs in between.
+#[map]
+static ON_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The current task's `pid_tgid`: tid in the low half, tgid in the high half.
+#[inline(always)]
+pub fn current_pid_tgid() -> u64 {
+    match ON_CPU.get(0) {
+        Some(&known) if known != 0 => known,
+        _ => bpf_get_current_pid_tgid(),
+    }
+}
+
+/// Notes the task about to run on this CPU (the switch program, for `next`).
+#[inline(always)]
+pub fn note_on_cpu(next: *const task_struct) {
+    let config = config();
+    if config.task_pid_offset == 0 || config.task_tgid_offset == 0 {
+        return;
+    }
+    let Some(slot) = ON_CPU.get_ptr_mut(0) else { return };
+    let (tgid, pid) = (task_field(next, config.task_tgid_offset), task_field(next, config.task_pid_offset));
+    // SAFETY: this CPU's slot; the switch program does not nest with itself.
+    unsafe { *slot = u64::from(tgid) << 32 | u64::from(pid) };
+}
+
+/// Notes the current task again, after an exec that may have changed its thread id (a thread
+/// other than the leader that execs takes the leader's id).
+#[inline(always)]
+pub fn renote_current() {
+    if let Some(slot) = ON_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot.
+        unsafe { *slot = bpf_get_current_pid_tgid() };
+    }
+}
+
+/// The last verdict of the cgroup filter on this CPU.
 #[repr(C)]
 pub struct TargetCache {
     tgid: u32,
+    /// 1 not a target, 2 a target; 0 means empty.
     verdict: u32,
-    /// `TARGETS_GENERATION` + 1 when the verdict was reached; 0 means empty.
-    generation: u64,
 }
 
 #[map]
 static TARGET_CACHE: PerCpuArray<TargetCache> = PerCpuArray::with_max_entries(1, 0);
 
-/// `is_current_target`, remembered per CPU for the last process: a thread making syscalls in a
-/// loop pays for the target lookup once, not per call.
+/// `is_current_target`, with the cgroup filter's verdict remembered per CPU for the last
+/// process: a thread making syscalls in a loop pays for its helper call once, not per call.
+/// The other filters cost an array load at most, less than the cache.
 #[inline(always)]
 pub fn is_current_target_cached(tgid: u32) -> bool {
-    if config().filter == filter::ALL && tgid != config().self_tgid {
-        return true;
+    if config().filter != filter::CGROUP || tgid == config().self_tgid {
+        return is_current_target(tgid);
     }
-    let (Some(cache), Some(generation)) = (TARGET_CACHE.get_ptr_mut(0), TARGETS_GENERATION.get(0)) else {
+    let Some(cache) = TARGET_CACHE.get_ptr_mut(0) else {
         return is_current_target(tgid);
     };
     // SAFETY: a per-CPU slot, used by one program at a time on this CPU.
     let cache = unsafe { &mut *cache };
-    let generation = *generation + 1;
-    if cache.tgid == tgid && cache.generation == generation {
-        return cache.verdict != 0;
+    if cache.tgid == tgid && cache.verdict != 0 {
+        return cache.verdict == 2;
     }
     let verdict = is_current_target(tgid);
     cache.tgid = tgid;
-    cache.verdict = u32::from(verdict);
-    cache.generation = generation;
+    cache.verdict = if verdict { 2 } else { 1 };
     verdict
 }
 

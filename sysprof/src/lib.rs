@@ -59,6 +59,7 @@ pub(crate) mod signals;
 pub(crate) mod symbolize;
 pub mod syscalls;
 pub mod target;
+pub(crate) mod target_bits;
 pub mod terminal;
 mod timeline;
 pub mod trace;

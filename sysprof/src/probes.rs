@@ -23,7 +23,7 @@ use aya::{
 use serde::{Deserialize, Serialize};
 use sysprof_common::{Config, names};
 
-use crate::{error::Error, privileges};
+use crate::{error::Error, privileges, target_bits::TargetBits};
 
 /// The BPF object built from `sysprof-ebpf` by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
@@ -241,6 +241,8 @@ pub struct Probes {
     /// Each target process's faults [minor, major] when the trace started, when the kernel's
     /// per-task counters count them (see `start_fault_counts`).
     pub(crate) fault_baselines: Option<HashMap<u32, [u64; 2]>>,
+    /// The target set's bits, mapped when the first target is added (see `TargetBits`).
+    target_bits: Option<TargetBits>,
 }
 
 /// What tells a file changed: its identity, size and modification time.
@@ -336,6 +338,7 @@ impl Probes {
             fault_events_per_task: false,
             fault_counters_known: config.task_min_flt_offset != 0,
             fault_baselines: None,
+            target_bits: None,
         })
     }
 
@@ -370,31 +373,31 @@ impl Probes {
         let mut targets: BpfHashMap<&mut MapData, u32, u8> =
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         targets.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the targets"))?;
-        // Per-CPU caches may hold an older "not a target" verdict for this pid.
-        self.bump_targets_generation()
+        self.target_bits()?.set(pid, true);
+        Ok(())
     }
 
     /// Takes a process out of the in-kernel target set.
     pub fn remove_target_process(&mut self, pid: u32) -> anyhow::Result<()> {
+        self.target_bits()?.set(pid, false);
         let mut targets: BpfHashMap<&mut MapData, u32, u8> =
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         let _ = targets.remove(&pid);
-        self.bump_targets_generation()
+        Ok(())
+    }
+
+    /// The target set's bits, mapped on first use.
+    fn target_bits(&mut self) -> anyhow::Result<&TargetBits> {
+        if self.target_bits.is_none() {
+            self.target_bits = Some(TargetBits::map(self.map(names::TARGET_BITS)?)?);
+        }
+        Ok(self.target_bits.as_ref().expect("mapped above"))
     }
 
     /// Sets entry `index` of the `u64` array `name`.
     pub(crate) fn set_u64(&mut self, name: &str, index: u32, value: u64) -> anyhow::Result<()> {
         let mut array: Array<&mut MapData, u64> = Array::try_from(self.map_mut(name)?)?;
         array.set(index, value, 0).with_context(|| format!("writing map {name}"))
-    }
-
-    /// Tells the per-CPU target caches that the set changed.
-    fn bump_targets_generation(&mut self) -> anyhow::Result<()> {
-        let mut generation: Array<&mut MapData, u64> =
-            Array::try_from(self.map_mut(names::TARGETS_GENERATION)?)?;
-        let current = generation.get(&0, 0)?;
-        generation.set(0, current + 1, 0)?;
-        Ok(())
     }
 
     /// Attaches the process life-cycle programs (fork, exec, exit).
@@ -497,6 +500,53 @@ impl Probes {
         if self.attached.iter().any(|probe| probe.program == program_name) {
             return Ok(());
         }
+        let program = self.load_btf_tracepoint(program_name, tracepoint)?;
+        program.attach().with_context(|| format!("attaching {program_name} to tp_btf/{tracepoint}"))?;
+        let program_id = program.info()?.id();
+        self.attached.push(AttachedProbe {
+            program: program_name.into(),
+            kind: "tp_btf".into(),
+            attached_to: format!("tracepoint {tracepoint}"),
+            links: 1,
+            program_id,
+        });
+        Ok(())
+    }
+
+    /// Puts BTF tracepoint program `program_name` in entry `index` of program array `array`, for
+    /// the program attached to the same tracepoint to end with a tail call to it. Part B lists
+    /// it with no link of its own: it runs only through that program.
+    pub(crate) fn chain_btf_tracepoint(
+        &mut self,
+        program_name: &str,
+        tracepoint: &str,
+        array: &str,
+        index: u32,
+    ) -> anyhow::Result<()> {
+        if self.attached.iter().any(|probe| probe.program == program_name) {
+            return Ok(());
+        }
+        let program = self.load_btf_tracepoint(program_name, tracepoint)?;
+        let program_id = program.info()?.id();
+        let fd = program.fd()?.try_clone()?;
+        let mut chain = aya::maps::ProgramArray::try_from(self.map_mut(array)?)?;
+        chain.set(index, &fd, 0).with_context(|| format!("putting {program_name} in {array}"))?;
+        self.attached.push(AttachedProbe {
+            program: program_name.into(),
+            kind: "tp_btf".into(),
+            attached_to: format!("tracepoint {tracepoint}, by tail call"),
+            links: 0,
+            program_id,
+        });
+        Ok(())
+    }
+
+    /// BTF tracepoint program `program_name`, loaded for `tracepoint` unless it was preloaded.
+    fn load_btf_tracepoint(
+        &mut self,
+        program_name: &str,
+        tracepoint: &str,
+    ) -> anyhow::Result<&mut BtfTracePoint> {
         let program: &mut BtfTracePoint = program_mut(&mut self.ebpf, program_name)?.try_into()?;
         if program.fd().is_err() {
             let btf =
@@ -509,16 +559,7 @@ impl Probes {
                 })?;
             program.load(tracepoint, &btf).map_err(|e| rejected(program_name, e))?;
         }
-        program.attach().with_context(|| format!("attaching {program_name} to tp_btf/{tracepoint}"))?;
-        let program_id = program.info()?.id();
-        self.attached.push(AttachedProbe {
-            program: program_name.into(),
-            kind: "tp_btf".into(),
-            attached_to: format!("tracepoint {tracepoint}"),
-            links: 1,
-            program_id,
-        });
-        Ok(())
+        Ok(program)
     }
 
     /// Attaches the call programs (entry and return) at `offset` in `path` with `cookie`, for

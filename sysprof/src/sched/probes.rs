@@ -51,8 +51,9 @@ impl Family for SchedFamily {
     }
 
     fn attach(&self, probes: &mut Probes) -> anyhow::Result<()> {
+        // Its tail call's target first: no switch then runs one half without the other.
+        probes.chain_btf_tracepoint("sched_switch_in", "sched_switch", names::SWITCH_IN, 0)?;
         probes.attach_sched_switch()?;
-        probes.attach_btf_tracepoint("sched_switch_in", "sched_switch")?;
         // Before the wakeup program: it asks them whether a wakeup is an interrupt's.
         probes.attach_interrupt_tracking()?;
         probes.attach_sched_waking()
