@@ -51,6 +51,8 @@ pub struct CallInFlight {
     start_ns: u64,
     args: [u64; 8],
     caller: u64,
+    /// The thread's ids, for the return (a helper call less there).
+    pid_tgid: u64,
     nesting: Nesting,
     user_stack_id: i32,
     _pad: u32,
@@ -64,7 +66,8 @@ static CALL_STATE: TaskStorage<CallInFlight> = TaskStorage::new();
 
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
     if !target::is_current_target_cached(tgid) || !window::open_or_calibrating(tgid) {
         return 0;
     }
@@ -78,7 +81,8 @@ pub fn call_enter(ctx: ProbeContext) -> u32 {
     // SAFETY: plain helper call on this program's context.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     state.cookie = cookie;
-    let entry = crate::unwind::user_entry();
+    state.pid_tgid = pid_tgid;
+    let entry = crate::unwind::probe_entry(&ctx, tgid);
     state.user_stack_id = state.stack.user_stack(&ctx, &entry, false);
     // The arguments only where something reads them (a `--func` call reads none).
     if cookie & call::READS_ARGS != 0 {
@@ -106,7 +110,7 @@ pub fn call_return(ctx: RetProbeContext) -> u32 {
     if !state.nesting.leave() {
         return 0;
     }
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid_tgid = state.pid_tgid;
     let ret: u64 = ctx.ret();
     let failed = call_failed(state.cookie, ret);
     let duration = now.saturating_sub(state.start_ns);

@@ -71,7 +71,12 @@ struct Context {
 /// Whether the current process runs CPython that userspace has described.
 #[inline(always)]
 pub fn process() -> Option<*const PythonProcess> {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    process_of((bpf_get_current_pid_tgid() >> 32) as u32)
+}
+
+/// Whether process `tgid` runs CPython that userspace has described.
+#[inline(always)]
+pub fn process_of(tgid: u32) -> Option<*const PythonProcess> {
     PYTHON_PROCESSES.get_ptr(tgid)
 }
 

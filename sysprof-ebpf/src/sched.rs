@@ -143,7 +143,7 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     state.waker_seen = 0;
     state.offcpu_state = prev_state;
     state.runnable_since_ns = if involuntary { now } else { 0 };
-    let entry = crate::unwind::user_entry();
+    let entry = crate::unwind::user_entry(state.tgid);
     // A thread that sleeps at one place is often preempted at another (on its way back to user
     // mode from the call that woke a thread), and preempted in its own code by a timer's
     // interrupt too (`orig_ax` is negative outside a system call): each has caches of its own,
@@ -316,7 +316,7 @@ fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
     state.waker_tid = tid;
     state.waker_user_stack = if target::is_current_target_cached(tgid) {
         match TASK_STATE.current(false) {
-            Some(waker) => waker.waking.user_stack(ctx, &crate::unwind::user_entry(), false),
+            Some(waker) => waker.waking.user_stack(ctx, &crate::unwind::user_entry(tgid), false),
             None => stack_id(ctx, BPF_F_USER_STACK as u64),
         }
     } else {

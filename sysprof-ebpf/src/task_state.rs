@@ -97,12 +97,12 @@ impl StackCache {
         if reuse && self.stack >= 0 {
             return self.stack;
         }
-        let (at, tables) = (entry.at, crate::unwind::tables_digest());
+        let (at, tables) = (entry.at, crate::unwind::tables_digest(entry.tgid));
         if entry.known()
             && at == self.at
             && tables == self.tables
             && self.stack >= 0
-            && crate::python::process().is_none()
+            && crate::python::process_of(entry.tgid).is_none()
         {
             return self.stack;
         }

@@ -203,10 +203,9 @@ struct Registers {
     di: u64,
 }
 
-/// The digest of the current process's entry (`ProcessMappings::digest`), 0 when it has none.
+/// The digest of process `tgid`'s entry (`ProcessMappings::digest`), 0 when it has none.
 #[inline(always)]
-pub fn tables_digest() -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+pub fn tables_digest(tgid: u32) -> u32 {
     // SAFETY: a map value, valid for the program's run.
     PROCESS_MAPPINGS.get_ptr(tgid).map_or(0, |entry| unsafe { (*entry).digest })
 }
@@ -220,10 +219,12 @@ pub struct UserEntry {
     /// The system call it made (`orig_ax`: -1 outside one) and that call's first argument (a
     /// descriptor, a futex word, a timespec): what it asked the kernel to do there.
     pub call: [u64; 2],
+    /// Its process, which the caller knows already: the stack cache looks its tables up by it.
+    pub tgid: u32,
 }
 
 impl UserEntry {
-    const NONE: UserEntry = UserEntry { at: [0; 5], call: [0; 2] };
+    const NONE: UserEntry = UserEntry { at: [0; 5], call: [0; 2], tgid: 0 };
 
     /// Whether the thread entered from user mode at all (kernel threads never do).
     pub fn known(&self) -> bool {
@@ -231,20 +232,47 @@ impl UserEntry {
     }
 }
 
-/// Where the current thread entered the kernel from user mode: all zero when it was not in
-/// user mode.
+/// Where the current thread (of process `tgid`) entered the kernel from user mode: all zero
+/// when it was not in user mode.
 #[inline(always)]
-pub fn user_entry() -> UserEntry {
+pub fn user_entry(tgid: u32) -> UserEntry {
     #[cfg(bpf_target_arch = "x86_64")]
     if let Some(regs) = user_registers() {
-        // SAFETY: the helper checks the user addresses; a failed read is 0.
-        let read = |at: u64| unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
-        return UserEntry {
-            at: [regs.ip, regs.sp, regs.bp, read(regs.sp), read(regs.bp.wrapping_add(8))],
-            call: [regs.orig_ax, regs.di],
-        };
+        return entry_at(&regs, tgid);
     }
+    let _ = tgid;
     UserEntry::NONE
+}
+
+/// `user_entry`, from the registers a uprobe hands its program, which are the thread's user
+/// registers: two helper calls less on every probed call.
+#[inline(always)]
+pub fn probe_entry(ctx: &aya_ebpf::programs::ProbeContext, tgid: u32) -> UserEntry {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        // SAFETY: `regs` is the program's context, which the verifier lets it read.
+        let regs = unsafe { &*ctx.regs };
+        let regs =
+            Registers { ip: regs.rip, sp: regs.rsp, bp: regs.rbp, orig_ax: regs.orig_rax, di: regs.rdi };
+        entry_at(&regs, tgid)
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        user_entry(tgid)
+    }
+}
+
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn entry_at(regs: &Registers, tgid: u32) -> UserEntry {
+    // SAFETY: the helper checks the user addresses; a failed read is 0.
+    let read = |at: u64| unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+    UserEntry {
+        at: [regs.ip, regs.sp, regs.bp, read(regs.sp), read(regs.bp.wrapping_add(8))],
+        call: [regs.orig_ax, regs.di],
+        tgid,
+    }
 }
 
 /// x86_64 `struct pt_regs`, in u64 slots (the kernel's ABI for ptrace).

@@ -42,7 +42,8 @@ pub struct AllocInFlight {
     caller: u64,
     nesting: Nesting,
     user_stack_id: i32,
-    _pad: u32,
+    /// Its process, for the return (a helper call less there).
+    tgid: u32,
     /// The thread's stack where it last allocated: a loop allocating from one place takes it
     /// once, not once per call.
     stack: StackCache,
@@ -73,9 +74,10 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
         _ => (arg(0), 0),
     };
     state.kind = kind;
+    state.tgid = tgid;
     state.size = size;
     state.pointer = pointer;
-    let entry = crate::unwind::user_entry();
+    let entry = crate::unwind::probe_entry(&ctx, tgid);
     state.caller = crate::calls::caller(&ctx, &entry);
     state.user_stack_id = state.stack.user_stack(&ctx, &entry, false);
     0
@@ -105,7 +107,7 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
     if !state.nesting.leave() {
         return 0;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let tgid = state.tgid;
     let ptr = returned_block(state, ctx.ret());
     // realloc moved (or freed) the old block.
     if state.kind == alloc::REALLOC && state.pointer != 0 && (ptr != 0 || state.size == 0) {
