@@ -266,8 +266,8 @@ pub(crate) struct TraceEnd {
     pub machine_busy_share: Option<f64>,
     /// Share of the run the kernel's BPF statistics were on.
     pub stats_coverage: f64,
-    /// The programs' statistics when the trace started.
-    pub stats_baseline: Vec<crate::probes::ProgramCost>,
+    /// The programs' runs and run time during the trace.
+    pub costs: Vec<crate::probes::ProgramCost>,
     /// What the unwinder did, when it ran.
     pub unwind: Option<UnwindSummary>,
 }
@@ -338,8 +338,8 @@ pub struct Collected {
     pub end_ns: u64,
     /// Share of the run the kernel's BPF statistics were on (see `selfcost::StatsWindows`).
     pub stats_coverage: f64,
-    /// The programs' statistics when the trace started (see `selfcost::StatsWindows`).
-    pub stats_baseline: Vec<crate::probes::ProgramCost>,
+    /// The programs' runs and run time during the trace (see `selfcost::StatsWindows`).
+    pub costs: Vec<crate::probes::ProgramCost>,
     /// `-- CMD`, and how it ended if it did (see [`CommandWatch::end`] for the rest).
     pub command: Option<CommandWatch>,
 }
@@ -465,16 +465,14 @@ pub async fn collect(
     let end_ns = crate::probes::monotonic_ns();
     let elapsed = started.elapsed();
     probes.set_u64(sysprof_common::names::TRACE_WINDOW, 1, end_ns)?;
-    probes.settle_fault_counts()?;
     let stats_coverage = stats_windows.finish(probes);
-    Ok(Collected {
-        ended_by: reason,
-        elapsed,
-        end_ns,
-        stats_coverage,
-        stats_baseline: stats_windows.baseline,
-        command,
-    })
+    // The programs' cost is the trace's, read as it ends: the read-out's thousands of map
+    // reads are system calls too, sysprof's own, whose programs' runs are in its CPU time, not
+    // in a cost of the trace (where the kernel's statistics are on for good, they counted a
+    // sixth of a `make -j2`'s BPF time).
+    let costs = crate::selfcost::since(probes.costs(), &stats_windows.baseline);
+    probes.settle_fault_counts()?;
+    Ok(Collected { ended_by: reason, elapsed, end_ns, stats_coverage, costs, command })
 }
 
 fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) {

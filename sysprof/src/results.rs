@@ -73,7 +73,6 @@ impl Results {
         let kernel_addresses = maps.kernel_addresses();
         let maps = maps.into_contents();
         let kernel_frames = probes.kernel_frames(&kernel_addresses).unwrap_or_default();
-        let costs = crate::selfcost::since(probes.costs(), &end.stats_baseline);
         let stats_available = probes.stats_available();
         // After the read-out, so that none of the calibration's runs is in a figure.
         let (probe_cost_ns, heap_probe_cost_ns) =
@@ -129,7 +128,7 @@ impl Results {
             calls: outcome,
             timeline,
             nvml: nvml_samples,
-            costs,
+            costs: end.costs.clone(),
             stats_available,
             attached,
             files_changed,

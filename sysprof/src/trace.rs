@@ -376,20 +376,19 @@ async fn run(
         command,
         stop_when_targets_exit: matches!(config.target, Target::Pids(_)),
     };
-    let collect::Collected { ended_by, elapsed, end_ns, stats_coverage, stats_baseline, command } =
-        collect::collect(
-            &mut probes,
-            events,
-            &mut tracers,
-            timeline.as_mut(),
-            &mut processes,
-            unwinder.as_mut(),
-            plan,
-            &stop,
-            &status,
-            config.quiet,
-        )
-        .await?;
+    let collect::Collected { ended_by, elapsed, end_ns, stats_coverage, costs, command } = collect::collect(
+        &mut probes,
+        events,
+        &mut tracers,
+        timeline.as_mut(),
+        &mut processes,
+        unwinder.as_mut(),
+        plan,
+        &stop,
+        &status,
+        config.quiet,
+    )
+    .await?;
     status.finish();
     // What sysprof launched does not outlive the trace (see CommandWatch::end).
     let command = match command {
@@ -424,7 +423,7 @@ async fn run(
         command,
         machine_busy_share,
         stats_coverage,
-        stats_baseline,
+        costs,
     };
     let timeline = timeline.map(timeline::Collector::finish);
     let results =
