@@ -32,14 +32,15 @@ pub struct SyscallStats {
 }
 shared!(SyscallStats, size_of::<LatencyHistogram>() + 4 * 8);
 
-/// Calls of one syscall counted on one CPU and not yet added to the shared statistics.
+/// Calls of one syscall counted on one CPU and not yet added to the shared statistics, and
+/// how many of them failed (their errnos are counted apart, in `SYSCALL_ERRORS`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingCount {
     pub tgid: u32,
     pub nr: u32,
     pub count: u32,
-    pub _pad: u32,
+    pub errors: u32,
 }
 const _: () = assert!(size_of::<PendingCount>() == 16);
 

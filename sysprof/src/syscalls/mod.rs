@@ -109,8 +109,10 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
     // Calls still pending in the per-CPU caches join their syscall's statistics.
     let mut stats: HashMap<(u32, u32), SyscallStats> =
         dump.stats.iter().map(|(key, stats)| ((key.tgid, key.nr), *stats)).collect();
-    for (key, count) in &dump.pending {
-        stats.entry((key.tgid, key.nr)).or_insert_with(empty_stats).calls += count;
+    for (key, calls, errors) in &dump.pending {
+        let stats = stats.entry((key.tgid, key.nr)).or_insert_with(empty_stats);
+        stats.calls += calls;
+        stats.errors += errors;
     }
     let mut rows: Vec<SyscallRow> = stats
         .iter()

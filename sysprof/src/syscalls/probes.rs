@@ -17,7 +17,8 @@ pub struct SyscallDump {
     pub stats: Vec<(SyscallKey, SyscallStats)>,
     pub errors: Vec<(SyscallErrorKey, u64)>,
     /// Calls still counted in the per-CPU caches, not yet in `stats`.
-    pub pending: Vec<(SyscallKey, u64)>,
+    /// (calls, failed calls) still in the per-CPU caches.
+    pub pending: Vec<(SyscallKey, u64, u64)>,
 }
 
 /// The syscall family: exact counts, errors and latency.
@@ -76,7 +77,7 @@ impl SyscallDump {
             .iter()
             .flat_map(|slot| slot.pending)
             .filter(|p| p.count != 0)
-            .map(|p| (SyscallKey { tgid: p.tgid, nr: p.nr }, u64::from(p.count)))
+            .map(|p| (SyscallKey { tgid: p.tgid, nr: p.nr }, u64::from(p.count), u64::from(p.errors)))
             .collect();
         Ok(SyscallDump {
             stats: maps.entries(names::SYSCALLS)?,
