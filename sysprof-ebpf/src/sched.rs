@@ -143,6 +143,10 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     state.waker_seen = 0;
     state.offcpu_state = prev_state;
     state.runnable_since_ns = if involuntary { now } else { 0 };
+    // An exiting thread's last switch is no wait (see `account_switch_out`): no stacks to walk.
+    if prev_state & TASK_DEAD != 0 {
+        return;
+    }
     let entry = crate::unwind::user_entry(state.tgid);
     // A thread that sleeps at one place is often preempted at another (on its way back to user
     // mode from the call that woke a thread), and preempted in its own code by a timer's
@@ -168,7 +172,7 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
 }
 
 /// A thread preempted in its own code has its stacks walked 1 time in this many.
-const PREEMPTED_WALK_EVERY: u32 = 4;
+const PREEMPTED_WALK_EVERY: u32 = 8;
 
 /// The on-CPU stretch the thread ends now (and the wait before it, when its arrival was not
 /// seen), counted from the trace's `start` at the earliest.
