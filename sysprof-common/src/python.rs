@@ -84,3 +84,6 @@ shared!(PythonProcess, 8 + 8 + 12 * 4);
 
 pub const PROCESSES: &str = "PYTHON_PROCESSES";
 pub const MAX_PROCESSES: u32 = 256;
+/// Array of one u32, 1 once userspace has written an entry in [`PROCESSES`]: until then no
+/// process can have Python frames, and the programs skip the lookup.
+pub const ANY_PROCESS: &str = "PYTHON_ANY_PROCESS";

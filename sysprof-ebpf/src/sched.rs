@@ -167,7 +167,8 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     let reuse = in_own_code && unsafe { bpf_get_prandom_u32() } % PREEMPTED_WALK_EVERY != 0;
     // The kernel's first: its cache's branches before the user stack's walk, not after, are
     // verified once rather than for every way out of the walk (209 ms of verification).
-    state.offcpu_kernel_stack = state.blocked_kernel[slot].kernel_stack(ctx, &entry, prev_state, reuse);
+    state.offcpu_kernel_stack =
+        state.blocked_kernel[slot].kernel_stack(ctx, &entry, !in_own_code, prev_state, reuse);
     state.offcpu_user_stack = state.blocked[slot].user_stack(ctx, &entry, reuse);
 }
 

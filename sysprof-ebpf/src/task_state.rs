@@ -119,12 +119,15 @@ const KERNEL_STACK_REFRESH: u32 = 16;
 impl KernelStackCache {
     /// The current thread's kernel stack as it leaves the CPU in `state`: the one kept when it
     /// leaves from where it left when it was kept, in the same state (or when `reuse`), else
-    /// walked (and kept).
+    /// walked (and kept). Where it was in user mode does not matter when it was preempted
+    /// there (`!in_call`): the kernel's path is then the interrupt's way back to user mode,
+    /// whatever the instruction.
     #[inline(always)]
     pub fn kernel_stack<C: StackIdContext>(
         &mut self,
         ctx: &C,
         entry: &UserEntry,
+        in_call: bool,
         state: u32,
         reuse: bool,
     ) -> i32 {
@@ -132,8 +135,7 @@ impl KernelStackCache {
             return self.stack;
         }
         if entry.known()
-            && entry.at == self.at
-            && entry.call == self.call
+            && (!in_call || (entry.at == self.at && entry.call == self.call))
             && state == self.state
             && self.stack >= 0
             // SAFETY: plain helper call.

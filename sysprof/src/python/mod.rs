@@ -19,12 +19,12 @@ use std::{
     path::PathBuf,
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 pub use code::{Code, ProcessCode};
 pub use functions::by_function;
 pub use layout::{Interpreter, is_interpreter_file};
 pub use merge::{is_python_frame, merge};
-use sysprof_common::python::{FRAME_CODE_MASK, FRAME_PYTHON, PROCESSES, PythonProcess};
+use sysprof_common::python::{ANY_PROCESS, FRAME_CODE_MASK, FRAME_PYTHON, PROCESSES, PythonProcess};
 
 use crate::{
     probes::Probes,
@@ -89,6 +89,8 @@ pub struct Python {
     files: HashMap<PathBuf, Option<Interpreter>>,
     /// The processes written into the kernel's table.
     written: HashMap<u32, Target>,
+    /// Whether the kernel's `ANY_PROCESS` flag is set.
+    any_written: bool,
     seen_maps: u64,
     summary: PythonSummary,
 }
@@ -98,6 +100,7 @@ impl Default for Python {
         Python {
             files: HashMap::new(),
             written: HashMap::new(),
+            any_written: false,
             seen_maps: u64::MAX,
             summary: Default::default(),
         }
@@ -152,14 +155,24 @@ impl Python {
                 found.push((pid, (target, entry, version)));
             }
         }
+        let mut wrote = false;
         for (pid, (target, entry, version)) in found {
             if entries.insert(pid, entry, 0).is_err() {
                 self.summary.processes_full.insert(pid);
                 continue;
             }
+            wrote = true;
             self.written.insert(pid, target);
             *self.summary.processes.entry(format!("{}.{}", version.0, version.1)).or_default() += 1;
             processes.set_python(pid, ProcessCode { version, ..ProcessCode::default() });
+        }
+        // After the entry: a program that reads the flag set finds the entry there.
+        if wrote
+            && !self.any_written
+            && let Ok(map) = probes.map_mut(ANY_PROCESS)
+            && let Ok(mut flag) = Array::<&mut MapData, u32>::try_from(map)
+        {
+            self.any_written = flag.set(0, 1, 0).is_ok();
         }
     }
 
