@@ -503,13 +503,7 @@ impl Probes {
         let program = self.load_btf_tracepoint(program_name, tracepoint)?;
         program.attach().with_context(|| format!("attaching {program_name} to tp_btf/{tracepoint}"))?;
         let program_id = program.info()?.id();
-        self.attached.push(AttachedProbe {
-            program: program_name.into(),
-            kind: "tp_btf".into(),
-            attached_to: format!("tracepoint {tracepoint}"),
-            links: 1,
-            program_id,
-        });
+        self.record_btf_tracepoint(program_name, format!("tracepoint {tracepoint}"), 1, program_id);
         Ok(())
     }
 
@@ -531,14 +525,30 @@ impl Probes {
         let fd = program.fd()?.try_clone()?;
         let mut chain = aya::maps::ProgramArray::try_from(self.map_mut(array)?)?;
         chain.set(index, &fd, 0).with_context(|| format!("putting {program_name} in {array}"))?;
+        self.record_btf_tracepoint(
+            program_name,
+            format!("tracepoint {tracepoint}, by tail call"),
+            0,
+            program_id,
+        );
+        Ok(())
+    }
+
+    /// Part B's line for a BTF tracepoint program.
+    fn record_btf_tracepoint(
+        &mut self,
+        program_name: &str,
+        attached_to: String,
+        links: u32,
+        program_id: u32,
+    ) {
         self.attached.push(AttachedProbe {
             program: program_name.into(),
             kind: "tp_btf".into(),
-            attached_to: format!("tracepoint {tracepoint}, by tail call"),
-            links: 0,
+            attached_to,
+            links,
             program_id,
         });
-        Ok(())
     }
 
     /// BTF tracepoint program `program_name`, loaded for `tracepoint` unless it was preloaded.

@@ -89,8 +89,6 @@ pub struct Python {
     files: HashMap<PathBuf, Option<Interpreter>>,
     /// The processes written into the kernel's table.
     written: HashMap<u32, Target>,
-    /// Whether the kernel's `ANY_PROCESS` flag is set.
-    any_written: bool,
     seen_maps: u64,
     summary: PythonSummary,
 }
@@ -100,7 +98,6 @@ impl Default for Python {
         Python {
             files: HashMap::new(),
             written: HashMap::new(),
-            any_written: false,
             seen_maps: u64::MAX,
             summary: Default::default(),
         }
@@ -168,11 +165,10 @@ impl Python {
         }
         // After the entry: a program that reads the flag set finds the entry there.
         if wrote
-            && !self.any_written
             && let Ok(map) = probes.map_mut(ANY_PROCESS)
             && let Ok(mut flag) = Array::<&mut MapData, u32>::try_from(map)
         {
-            self.any_written = flag.set(0, 1, 0).is_ok();
+            let _ = flag.set(0, 1, 0);
         }
     }
 
