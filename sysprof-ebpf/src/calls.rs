@@ -10,7 +10,9 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_attach_cookie},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_attach_cookie,
+    },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext},
@@ -64,7 +66,7 @@ static CALL_STATE: TaskStorage<CallInFlight> = TaskStorage::new();
 
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
-    let pid_tgid = target::current_pid_tgid();
+    let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !target::is_current_target_cached(tgid) || !window::open_or_calibrating(tgid) {
         return 0;

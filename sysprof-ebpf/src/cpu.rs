@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{bpf_get_current_comm, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::{map, perf_event},
     maps::HashMap,
     programs::PerfEventContext,
@@ -27,7 +27,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn try_cpu_sample(ctx: &PerfEventContext) {
-    let pid_tgid = target::current_pid_tgid();
+    let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !target::is_current_target(tgid) || !window::open() {
         return;

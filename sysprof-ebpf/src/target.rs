@@ -87,9 +87,7 @@ fn task_field(task: *const task_struct, offset: u32) -> u32 {
 #[map]
 static ON_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// The current task's `pid_tgid`: tid in the low half, tgid in the high half. Any program may
-/// read it but the switch program after its `note_on_cpu`, whose `current` is still the
-/// thread leaving.
+/// The current task's `pid_tgid`: tid in the low half, tgid in the high half.
 #[inline(always)]
 pub fn current_pid_tgid() -> u64 {
     match ON_CPU.get(0) {

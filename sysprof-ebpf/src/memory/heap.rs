@@ -4,7 +4,7 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
@@ -54,7 +54,7 @@ static ALLOC_STATE: TaskStorage<AllocInFlight> = TaskStorage::new();
 
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
-    let tgid = (target::current_pid_tgid() >> 32) as u32;
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !target::is_current_target_cached(tgid) || !crate::window::open_or_calibrating(tgid) {
         return 0;
     }
@@ -181,7 +181,7 @@ pub fn free_enter(ctx: ProbeContext) -> u32 {
     if ptr == 0 {
         return 0;
     }
-    let tgid = (target::current_pid_tgid() >> 32) as u32;
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !target::is_current_target_cached(tgid) {
         return 0;
     }
