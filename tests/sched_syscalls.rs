@@ -77,6 +77,55 @@ fn counts_failed_calls_by_errno() {
     );
 }
 
+/// Failed `openat` calls of `sysload ARGS` by errno, as strace records them (its peer).
+fn strace_openat_errnos(args: &[&str]) -> serde_json::Map<String, Value> {
+    let log = output_dir();
+    let file = log.path().join("strace.log");
+    let out = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=openat", "-o"])
+        .arg(&file)
+        .arg(workload("sysload"))
+        .args(args)
+        .output()
+        .expect("strace is installed (.ci/run installs it)");
+    assert!(out.status.success(), "{}", text(&out));
+    let mut errnos = serde_json::Map::new();
+    for line in std::fs::read_to_string(&file).unwrap().lines() {
+        if let Some((_, failed)) = line.split_once(" = -1 ") {
+            let errno = failed.split_whitespace().next().unwrap().to_string();
+            let count = errnos.entry(errno).or_insert(Value::from(0u64));
+            *count = Value::from(count.as_u64().unwrap() + 1);
+        }
+    }
+    errnos
+}
+
+/// Two errnos of one syscall, interleaved, over timed calls and sampled ones: the per-CPU
+/// cache that holds a syscall's failures by errno (`PendingCount`) must hand every one of them
+/// on, whichever errno came last. Checked against strace, which also sees the dynamic loader's
+/// failed opens along the library path.
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn counts_interleaved_errnos_of_one_syscall_like_strace() {
+    let Some(_guard) = root_guard("counts_interleaved_errnos_of_one_syscall_like_strace") else { return };
+    let rounds: u64 = 20_000;
+    let args = ["badopens", &rounds.to_string()];
+    let expected = strace_openat_errnos(&args);
+    assert_eq!(expected["ENOTDIR"], rounds, "strace: {expected:?}");
+    assert!(expected["ENOENT"].as_u64().unwrap() >= 3 * rounds, "strace: {expected:?}");
+    let (_dir, report) = trace_sysload(&["--focus", "syscalls"], &args);
+    let row = syscall_row(&report, "openat");
+    let counted: serde_json::Map<String, Value> = row["errnos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["errno"].as_str().unwrap().to_string(), e["count"].clone()))
+        .collect();
+    assert_eq!(counted, expected, "sysprof's errnos against strace's: {row:#}");
+    let failed: u64 = expected.values().map(|c| c.as_u64().unwrap()).sum();
+    assert_eq!(row["errors"], failed, "{row:#}");
+}
+
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn sleeps_are_voluntary_switches_and_off_cpu_time_in_the_sleeping_function() {

@@ -32,20 +32,27 @@ pub struct SyscallStats {
 }
 shared!(SyscallStats, size_of::<LatencyHistogram>() + 4 * 8);
 
-/// Calls of one syscall counted on one CPU and not yet added to the shared statistics, and
-/// how many of them failed (their errnos are counted apart, in `SYSCALL_ERRORS`).
+/// Calls of one syscall counted on one CPU and not yet added to the shared statistics, how
+/// many of them failed, and failures of one errno not yet added to `SYSCALL_ERRORS` (of timed
+/// calls too): a loop failing the same way, as a compiler's readlinks and stats do, touches
+/// neither shared map until the entry is evicted.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingCount {
     pub tgid: u32,
     pub nr: u32,
+    /// Untimed calls, and how many of them failed (timed ones are in the shared statistics).
     pub count: u32,
     pub errors: u32,
+    /// Failures with `errno`, of timed and untimed calls alike.
+    pub errno: u32,
+    pub errno_count: u32,
 }
-const _: () = assert!(size_of::<PendingCount>() == 16);
+const _: () = assert!(size_of::<PendingCount>() == 24);
 
-/// Entries of the per-CPU pending-count cache (a power of two).
-pub const PENDING_COUNTS: usize = 4;
+/// Entries of the per-CPU pending-count cache (a power of two): enough that a process's
+/// common syscalls seldom share one, and so evict each other.
+pub const PENDING_COUNTS: usize = 16;
 
 /// One syscall in progress.
 #[repr(C)]
@@ -79,7 +86,7 @@ pub struct SyscallSlot {
     pub call: InFlight,
     pub pending: [PendingCount; PENDING_COUNTS],
 }
-shared!(SyscallSlot, 8 + 56 + 16 * PENDING_COUNTS);
+shared!(SyscallSlot, 8 + 56 + 24 * PENDING_COUNTS);
 
 /// Key of the failed-call counts: one errno of one syscall of one process.
 #[repr(C)]

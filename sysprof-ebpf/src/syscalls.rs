@@ -8,11 +8,11 @@
 //! - the current task's ids come from a per-CPU slot the switch program fills, and whether its
 //!   process is a target from one bit of an array (`target.rs`): no helper call, no hash map,
 //!   for the calls of every other process on the machine;
-//! - counts of untimed calls, and of their failures, add up in a small per-CPU cache
-//!   (`PendingCount`, four entries keyed by syscall number) and reach the shared map when an
-//!   entry is evicted; userspace adds what is still pending at the end. A loop of the same few
-//!   syscalls touches no hash map but the errno counts' when they fail (the shared statistics'
-//!   lookup is the dearest step of a call: 250 ns in a VM, against 130 for the errno's);
+//! - counts of untimed calls and of their failures, and failures by errno, add up in a small
+//!   per-CPU cache (`PendingCount`, 16 entries keyed by syscall number) and reach the shared
+//!   maps when an entry is evicted; userspace adds what is still pending at the end. A loop of
+//!   the same few syscalls, failing or not, touches no hash map (a shared map's lookup is the
+//!   dearest step of a call: 250 ns in a VM, 130 for the errno counts');
 //! - the clock is the most expensive thing left (about 45 ns a read in a VM), so a thread making
 //!   more than `syscall_burst` calls in one stretch on a CPU (without leaving it) has 1 call in
 //!   `syscall_sample_every` timed (chosen at random, weighted accordingly). Counts and errors
@@ -29,8 +29,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use sysprof_common::{
-    Counter, InFlight, PENDING_COUNTS, SyscallErrorKey, SyscallKey, SyscallSlot as Slot, SyscallStats,
-    capacity, stack,
+    Counter, InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot as Slot,
+    SyscallStats, capacity, stack,
     timeline::{TimelineEvent, kind as timeline_kind},
 };
 
@@ -73,7 +73,7 @@ pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     let nr: i64 = ctx.arg(1);
     if nr as u32 == config().nr_exit || nr as u32 == config().nr_exit_group {
         // It never returns: counted now, with no latency.
-        count_pending(slot, tgid, nr as u32, false);
+        pending_entry(slot, tgid, nr as u32).count += 1;
         return 0;
     }
     let (timed, weight) = timing(slot, pid_tgid as u32);
@@ -221,13 +221,14 @@ pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct) {
 #[inline(always)]
 fn record_call(slot: &mut Slot, call: &InFlight, tid: u32, ret: i64) {
     let failed = (-MAX_ERRNO..0).contains(&ret);
-    let error = SyscallErrorKey { tgid: call.tgid, nr: call.nr, errno: (-ret) as u32, _pad: 0 };
     if call.start_ns == 0 {
         // Untimed, it needs nothing of the shared statistics (a hash lookup of 250 ns here):
-        // a failure is counted in the cache with it, and by errno.
-        count_pending(slot, call.tgid, call.nr, failed);
+        // it is counted in the cache, failed or not, and so is its errno.
+        let entry = pending_entry(slot, call.tgid, call.nr);
+        entry.count += 1;
         if failed {
-            count_error(error);
+            entry.errors += 1;
+            note_errno(entry, (-ret) as u32);
         }
         return;
     }
@@ -239,55 +240,83 @@ fn record_call(slot: &mut Slot, call: &InFlight, tid: u32, ret: i64) {
     // SAFETY: `stats` points into a map value, valid for this run.
     let stats = unsafe { &mut *stats };
     atomic::add(&raw mut stats.calls, 1);
-    if call.start_ns != 0 {
-        // SAFETY: plain helper call.
-        let now = unsafe { bpf_ktime_get_ns() };
-        let latency = now.saturating_sub(call.start_ns);
-        let timed = if call.from_block != 0 { &raw mut stats.timed_from_block } else { &raw mut stats.timed };
-        atomic::add(timed, 1);
-        record_weighted(&mut stats.latency, latency, call.weight);
-        if timeline::long_enough(latency) {
-            timeline::record(TimelineEvent {
-                kind: timeline_kind::SYSCALL,
-                tgid: call.tgid,
-                tid,
-                detail: call.nr,
-                start_ns: call.start_ns,
-                end_ns: now,
-                mark_ns: ret as u64,
-                user_stack_id: stack::NONE,
-                kernel_stack_id: stack::NONE,
-            });
-        }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let latency = now.saturating_sub(call.start_ns);
+    let timed = if call.from_block != 0 { &raw mut stats.timed_from_block } else { &raw mut stats.timed };
+    atomic::add(timed, 1);
+    record_weighted(&mut stats.latency, latency, call.weight);
+    if timeline::long_enough(latency) {
+        timeline::record(TimelineEvent {
+            kind: timeline_kind::SYSCALL,
+            tgid: call.tgid,
+            tid,
+            detail: call.nr,
+            start_ns: call.start_ns,
+            end_ns: now,
+            mark_ns: ret as u64,
+            user_stack_id: stack::NONE,
+            kernel_stack_id: stack::NONE,
+        });
     }
     if failed {
         atomic::add(&raw mut stats.errors, 1);
-        count_error(error);
+        note_errno(pending_entry(slot, call.tgid, call.nr), (-ret) as u32);
     }
 }
 
+/// Adds `count` failures under `key` to the shared errno counts.
 #[inline(always)]
-fn count_error(key: SyscallErrorKey) {
-    if let Some(count) = SYSCALL_ERRORS.get_ptr_mut(key) {
-        atomic::add(count, 1);
+fn add_errors(key: SyscallErrorKey, count: u32) {
+    let count = u64::from(count);
+    if let Some(total) = SYSCALL_ERRORS.get_ptr_mut(key) {
+        atomic::add(total, count);
         return;
     }
-    if SYSCALL_ERRORS.insert(key, 1, BPF_NOEXIST as u64).is_err() {
+    if SYSCALL_ERRORS.insert(key, count, BPF_NOEXIST as u64).is_err() {
         match SYSCALL_ERRORS.get_ptr_mut(key) {
-            Some(count) => atomic::add(count, 1),
-            None => counters::add(Counter::SyscallsLost, 1),
+            Some(total) => atomic::add(total, count),
+            None => counters::add(Counter::SyscallsLost, count),
         }
     }
 }
 
-/// Counts a call (`failed` or not) in the CPU's pending cache, moving the entry it evicts to
-/// the shared map.
+/// Counts a failure with `errno` in `entry`, moving the failures it held with another errno
+/// to the shared counts.
 #[inline(always)]
-fn count_pending(slot: &mut Slot, tgid: u32, nr: u32, failed: bool) {
-    let entry = &mut slot.pending[nr as usize & (PENDING_COUNTS - 1)];
-    if entry.count != 0 && (entry.tgid != tgid || entry.nr != nr) {
-        let evicted = SyscallKey { tgid: entry.tgid, nr: entry.nr };
-        match stats_for(&evicted) {
+fn note_errno(entry: &mut PendingCount, errno: u32) {
+    if entry.errno_count != 0 && entry.errno != errno {
+        add_errors(
+            SyscallErrorKey { tgid: entry.tgid, nr: entry.nr, errno: entry.errno, _pad: 0 },
+            entry.errno_count,
+        );
+        entry.errno_count = 0;
+    }
+    entry.errno = errno;
+    entry.errno_count += 1;
+}
+
+/// The CPU's pending entry for `nr` of process `tgid`, emptied into the shared maps first when
+/// it holds another syscall's counts.
+#[inline(always)]
+fn pending_entry(slot: &mut Slot, tgid: u32, nr: u32) -> &mut PendingCount {
+    // Spread by a multiplicative hash: the numbers of a process's common calls share low bits
+    // (openat 257 and write 1, readlink 89 and mmap 9).
+    let index = (nr.wrapping_mul(0x9e37_79b1) >> (32 - PENDING_COUNTS.trailing_zeros())) as usize;
+    let entry = &mut slot.pending[index & (PENDING_COUNTS - 1)];
+    if (entry.tgid != tgid || entry.nr != nr) && (entry.count != 0 || entry.errno_count != 0) {
+        flush_pending(entry);
+    }
+    entry.tgid = tgid;
+    entry.nr = nr;
+    entry
+}
+
+/// Moves an entry's counts to the shared maps.
+#[inline(always)]
+fn flush_pending(entry: &mut PendingCount) {
+    if entry.count != 0 {
+        match stats_for(&SyscallKey { tgid: entry.tgid, nr: entry.nr }) {
             // SAFETY: map value pointer valid for this run.
             Some(stats) => unsafe {
                 atomic::add(&raw mut (*stats).calls, u64::from(entry.count));
@@ -297,13 +326,14 @@ fn count_pending(slot: &mut Slot, tgid: u32, nr: u32, failed: bool) {
             },
             None => counters::add(Counter::SyscallsLost, u64::from(entry.count)),
         }
-        entry.count = 0;
-        entry.errors = 0;
     }
-    entry.tgid = tgid;
-    entry.nr = nr;
-    entry.count += 1;
-    entry.errors += u32::from(failed);
+    if entry.errno_count != 0 {
+        add_errors(
+            SyscallErrorKey { tgid: entry.tgid, nr: entry.nr, errno: entry.errno, _pad: 0 },
+            entry.errno_count,
+        );
+    }
+    *entry = PendingCount::default();
 }
 
 /// The statistics of `key`, inserted zeroed when new.

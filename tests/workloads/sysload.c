@@ -5,6 +5,8 @@
 //                                 use in turn: a tracer can cost more on one CPU than another
 //                                 (bpftrace's tracepoint perf event lives on CPU 0 alone)
 //   sysload badclose N            N close(-1) calls, each failing with EBADF
+//   sysload badopens N            N rounds of five opens: three of a missing file (ENOENT), one
+//                                 through a regular file (ENOTDIR), one of /dev/null (closed)
 //   sysload sleep K MS            K sleeps of MS milliseconds, all in sleep_in_named_function
 //   sysload twosites K MS         K rounds of two sleeps of MS ms, one from sleep_from_a and one
 //                                 from sleep_from_b: the same sleep at the same depth, from two
@@ -234,6 +236,17 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "badclose") == 0) {
         long n = atol(argv[2]);
         for (long i = 0; i < n; i++) close(-1);
+        return 0;
+    }
+    if (strcmp(mode, "badopens") == 0) {
+        long n = atol(argv[2]);
+        for (long i = 0; i < n; i++) {
+            for (int j = 0; j < 3; j++) open("/nonexistent-sysload", O_RDONLY);
+            open("/dev/null/sysload", O_RDONLY);
+            int fd = open("/dev/null", O_RDONLY);
+            if (fd < 0) return 1;
+            close(fd);
+        }
         return 0;
     }
     if (strcmp(mode, "probecall") == 0) {

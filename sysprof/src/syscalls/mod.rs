@@ -99,20 +99,23 @@ pub fn errno_name(errno: u32) -> String {
 
 pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> SyscallReport {
     let wall_s = wall.as_secs_f64().max(1e-9);
-    let mut errnos: HashMap<(u32, u32), Vec<ErrnoCount>> = HashMap::new();
-    for (key, count) in &dump.errors {
-        errnos
-            .entry((key.tgid, key.nr))
-            .or_default()
-            .push(ErrnoCount { errno: errno_name(key.errno), count: *count });
-    }
-    // Calls still pending in the per-CPU caches join their syscall's statistics.
+    // Calls and failures still pending in the per-CPU caches join the shared maps' counts.
     let mut stats: HashMap<(u32, u32), SyscallStats> =
         dump.stats.iter().map(|(key, stats)| ((key.tgid, key.nr), *stats)).collect();
-    for (key, calls, errors) in &dump.pending {
-        let stats = stats.entry((key.tgid, key.nr)).or_insert_with(empty_stats);
-        stats.calls += calls;
-        stats.errors += errors;
+    let mut by_errno: HashMap<(u32, u32, u32), u64> =
+        dump.errors.iter().map(|(key, count)| ((key.tgid, key.nr, key.errno), *count)).collect();
+    for pending in &dump.pending {
+        let stats = stats.entry((pending.tgid, pending.nr)).or_insert_with(empty_stats);
+        stats.calls += u64::from(pending.count);
+        stats.errors += u64::from(pending.errors);
+        if pending.errno_count != 0 {
+            *by_errno.entry((pending.tgid, pending.nr, pending.errno)).or_default() +=
+                u64::from(pending.errno_count);
+        }
+    }
+    let mut errnos: HashMap<(u32, u32), Vec<ErrnoCount>> = HashMap::new();
+    for ((tgid, nr, errno), count) in by_errno {
+        errnos.entry((tgid, nr)).or_default().push(ErrnoCount { errno: errno_name(errno), count });
     }
     let mut rows: Vec<SyscallRow> = stats
         .iter()

@@ -1,7 +1,7 @@
 //! The syscall family's kernel side: the enter/exit programs, and the read-out of their exact
 //! counts, errors and latency histograms.
 
-use sysprof_common::{Config, SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
+use sysprof_common::{Config, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
 
 use crate::{
     family::{Analysis, Family},
@@ -16,9 +16,8 @@ use crate::{
 pub struct SyscallDump {
     pub stats: Vec<(SyscallKey, SyscallStats)>,
     pub errors: Vec<(SyscallErrorKey, u64)>,
-    /// Calls still counted in the per-CPU caches, not yet in `stats`.
-    /// (calls, failed calls) still in the per-CPU caches.
-    pub pending: Vec<(SyscallKey, u64, u64)>,
+    /// What the per-CPU caches still held, in neither map yet (see `PendingCount`).
+    pub pending: Vec<PendingCount>,
 }
 
 /// The syscall family: exact counts, errors and latency.
@@ -76,8 +75,7 @@ impl SyscallDump {
             .per_cpu::<SyscallSlot>(names::SYSCALL_SLOT, 0)?
             .iter()
             .flat_map(|slot| slot.pending)
-            .filter(|p| p.count != 0)
-            .map(|p| (SyscallKey { tgid: p.tgid, nr: p.nr }, u64::from(p.count), u64::from(p.errors)))
+            .filter(|p| p.count != 0 || p.errno_count != 0)
             .collect();
         Ok(SyscallDump {
             stats: maps.entries(names::SYSCALLS)?,
