@@ -273,12 +273,20 @@ pub fn probe_entry(ctx: &aya_ebpf::programs::ProbeContext, tgid: u32) -> UserEnt
 fn entry_at(regs: &Registers, tgid: u32) -> UserEntry {
     // SAFETY: the helper checks the user addresses; a failed read is 0.
     let read = |at: u64| unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }.unwrap_or(0);
+    // Code built without frame pointers keeps anything in rbp, often no address at all: a read
+    // there faults, and a faulting read costs a microsecond (the kernel's exception fixup). A
+    // frame pointer lies above the stack pointer, within the stack.
+    let frame_return =
+        if regs.bp.wrapping_sub(regs.sp) < FRAME_POINTER_REACH { read(regs.bp.wrapping_add(8)) } else { 0 };
     UserEntry {
-        at: [regs.ip, regs.sp, regs.bp, read(regs.sp), read(regs.bp.wrapping_add(8))],
+        at: [regs.ip, regs.sp, regs.bp, read(regs.sp), frame_return],
         call: [regs.orig_ax, regs.di],
         tgid,
     }
 }
+
+/// How far above the stack pointer a frame pointer may be for `entry_at` to read through it.
+const FRAME_POINTER_REACH: u64 = 1 << 20;
 
 /// x86_64 `struct pt_regs`, in u64 slots (the kernel's ABI for ptrace).
 const REG_BP: usize = 4;
