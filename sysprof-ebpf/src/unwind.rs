@@ -384,19 +384,26 @@ unsafe extern "C" fn step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     if frame <= walk.sp {
         return 1;
     }
-    let Some(return_address) = read_user(frame - 8) else { return 1 };
-    let bp = if row.cfa == cfa::FRAME_POINTER {
-        match read_user(frame - 16) {
-            Some(bp) => bp,
-            None => return 1,
-        }
-    } else if row.rbp == rbp::SAVED {
-        match read_user(frame.wrapping_add(row.rbp_offset as i64 as u64)) {
-            Some(bp) => bp,
-            None => return 1,
+    // A frame pointer, and rbp pushed first thing in a function, sit just below the return
+    // address: both in one read (a read is a helper call of 100 ns here, 1.6 a frame before).
+    let saved_below = row.cfa == cfa::FRAME_POINTER || (row.rbp == rbp::SAVED && row.rbp_offset == -16);
+    let (return_address, bp) = if saved_below {
+        // SAFETY: the helper checks the address; a fault is an error, not a crash.
+        match unsafe { bpf_probe_read_user((frame - 16) as *const [u64; 2]) } {
+            Ok([bp, return_address]) => (return_address, bp),
+            Err(_) => return 1,
         }
     } else {
-        walk.bp
+        let Some(return_address) = read_user(frame - 8) else { return 1 };
+        let bp = if row.rbp == rbp::SAVED {
+            match read_user(frame.wrapping_add(row.rbp_offset as i64 as u64)) {
+                Some(bp) => bp,
+                None => return 1,
+            }
+        } else {
+            walk.bp
+        };
+        (return_address, bp)
     };
     if return_address == 0 {
         return 1;
