@@ -120,7 +120,7 @@ fn the_pprof_files_hold_what_the_folded_files_do() {
     assert!(labels(&offcpu).contains_key("reason"), "{:?}", labels(&offcpu));
 
     // Faults: the same weighted counts, minor or major as a label. busy faults too seldom for a
-    // launched command's sampled fault stacks (1 in 128): memload touches 5,000 fresh pages.
+    // launched command's sampled fault stacks (1 in 256): memload touches 5,000 fresh pages.
     let (faulted, _) = trace(&["--focus", "memory"], &[], "memload", &["touch", "5000"]);
     let faults = decode(&faulted.path().join("faults.pb.gz"));
     let folded_faults = folded_total(&faulted.path().join("faults.folded"));

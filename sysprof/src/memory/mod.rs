@@ -18,11 +18,12 @@ use sysprof_common::Config;
 /// Past a process's first `sysprof_common::FAULT_STACKS_ALL` minor faults, their stacks are
 /// taken for 1 fault in this many, at random, each standing for as many: a stack walk costs
 /// many times a minor fault (a compiler's, walked with its unwind tables: 10 us against 1 us),
-/// and a sample of the stacks shows where faults come from as well as all of them. 1 in 128:
-/// a `make -j2` of a small project faults 70,000 times, and 1 in 64 took 11 of its 57 ms of
-/// BPF time (`cargo xtask bench realistic`); 550 stacks still place a tenth of the faults to
-/// within about a point.
-pub const FAULT_STACK_EVERY: u32 = 128;
+/// and a sample of the stacks shows where faults come from as well as all of them. 1 in 256:
+/// a `make -j2` of a small project faults 70,000 times, and its 520 walks at 1 in 128 were 7
+/// of its 60 ms of BPF time, the line of 1% of its CPU time (`cargo xtask bench realistic`);
+/// 270 stacks still place a tenth of the faults to within two points. A program that faults
+/// a million times a second pays 4,000 walks a second for them, about 5% of a CPU.
+pub const FAULT_STACK_EVERY: u32 = 256;
 
 /// Sets the kernel side's memory options: address-space accounting on, and this architecture's
 /// numbers of the syscalls it reads.
