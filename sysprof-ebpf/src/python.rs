@@ -29,12 +29,12 @@ use crate::config::config;
 #[map]
 static PYTHON_PROCESSES: HashMap<u32, PythonProcess> = HashMap::with_max_entries(MAX_PROCESSES, 0);
 
-/// tid -> its `PyThreadState`, as last found.
 /// 1 once userspace has described a process (see `sysprof_common::python::ANY_PROCESS`): the
 /// stack caches and walks of a trace with no Python skip a hash lookup each (250 ns here).
 #[map]
 static PYTHON_ANY_PROCESS: Array<u32> = Array::with_max_entries(1, 0);
 
+/// tid -> its `PyThreadState`, as last found.
 #[map]
 static PYTHON_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(8192, 0);
 

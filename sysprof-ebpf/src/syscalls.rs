@@ -285,15 +285,23 @@ fn add_errors(key: SyscallErrorKey, count: u32) {
 /// to the shared counts.
 #[inline(always)]
 fn note_errno(entry: &mut PendingCount, errno: u32) {
-    if entry.errno_count != 0 && entry.errno != errno {
+    if entry.errno != errno {
+        flush_errno(entry);
+    }
+    entry.errno = errno;
+    entry.errno_count += 1;
+}
+
+/// Moves an entry's failures by errno to the shared counts.
+#[inline(always)]
+fn flush_errno(entry: &mut PendingCount) {
+    if entry.errno_count != 0 {
         add_errors(
             SyscallErrorKey { tgid: entry.tgid, nr: entry.nr, errno: entry.errno, _pad: 0 },
             entry.errno_count,
         );
         entry.errno_count = 0;
     }
-    entry.errno = errno;
-    entry.errno_count += 1;
 }
 
 /// The CPU's pending entry for `nr` of process `tgid`, emptied into the shared maps first when
@@ -327,12 +335,7 @@ fn flush_pending(entry: &mut PendingCount) {
             None => counters::add(Counter::SyscallsLost, u64::from(entry.count)),
         }
     }
-    if entry.errno_count != 0 {
-        add_errors(
-            SyscallErrorKey { tgid: entry.tgid, nr: entry.nr, errno: entry.errno, _pad: 0 },
-            entry.errno_count,
-        );
-    }
+    flush_errno(entry);
     *entry = PendingCount::default();
 }
 
