@@ -314,13 +314,16 @@ pub enum Counter {
     /// Timeline events dropped because its ring buffer was full (the timeline only: every
     /// figure comes from the aggregated maps).
     TimelineLost = 15,
+    /// Switches that showed a task arriving on a CPU and none its leaving: the kernel hides
+    /// the task's own events (a sandbox's agent). Nothing of the target is lost to them.
+    SwitchesUnseen = 16,
 }
 
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 16] = [
+    pub const ALL: [Counter; 17] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -337,6 +340,7 @@ impl Counter {
         Counter::FaultStacksLost,
         Counter::WakesLost,
         Counter::TimelineLost,
+        Counter::SwitchesUnseen,
     ];
 }
 

@@ -65,11 +65,9 @@ static ZERO_HISTOGRAM: Array<LatencyHistogram> = Array::with_max_entries(1, 0);
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let prev: *mut task_struct = ctx.arg(1);
     let prev_state = ctx.arg::<u64>(3) as u32;
-    let tid = target::current_pid_tgid() as u32;
-    syscalls::park_in_flight(tid, prev);
     let next: *mut task_struct = ctx.arg(2);
-    // Last: until here, `current` is still `prev`.
-    target::note_on_cpu(next);
+    let tid = target::note_switch(prev, next) as u32;
+    syscalls::park_in_flight(tid, prev);
     if config().sched_stats == 0 {
         return 0;
     }

@@ -221,6 +221,15 @@ pub(crate) fn analyze(
             thousands(lost.total())
         ));
     }
+    let unseen = shared.counters.get(Counter::SwitchesUnseen);
+    if unseen > 0 {
+        limitations.push(format!(
+            "{} switches showed a task getting a CPU and none its leaving: the kernel hides that process's own \
+             events (sandboxes hide their agent), so it is not profiled; the tasks that ran after it are \
+             identified by the kernel from then on",
+            thousands(unseen)
+        ));
+    }
     let mut overhead = selfcost::overhead(
         recording.costs.clone(),
         recording.stats_available,
