@@ -314,8 +314,8 @@ pub enum Counter {
     /// Timeline events dropped because its ring buffer was full (the timeline only: every
     /// figure comes from the aggregated maps).
     TimelineLost = 15,
-    /// Switches that showed a task arriving on a CPU and none its leaving: the kernel hides
-    /// the task's own events (a sandbox's agent). Nothing of the target is lost to them.
+    /// Switches that showed a traced task arriving on a CPU and none its leaving: the kernel
+    /// hides that process's own events (a sandbox's agent), so it is not profiled.
     SwitchesUnseen = 16,
 }
 

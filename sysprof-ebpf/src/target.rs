@@ -79,7 +79,7 @@ fn task_field(task: *const task_struct, offset: u32) -> u32 {
 }
 
 /// The `pid_tgid` of the task running on each CPU, as the switch program saw it arrive (0 until
-/// then, for the idle task, and for a task whose leaving the kernel may not show: see
+/// then, and for the idle task; marked for a task whose leaving the kernel may not show: see
 /// `HIDDEN`): the syscall programs, which every process on the machine runs twice per call,
 /// read it with an inlined per-CPU load instead of calling a helper, which on this kind of host
 /// (a VM, return thunks against speculation) costs more than the rest of the test. `current`
@@ -93,7 +93,8 @@ static ON_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// Firecracker guest, init's threads get the CPU in a switch that fires (another task is
 /// current), and leave it in one that does not, so a note naming them would outlive them and
 /// the next task's calls would be taken for theirs (a target's exact counts came out 112 calls
-/// short). Such a process's arrival is noted as unknown: the helper answers for it.
+/// short). Such a process's arrival is noted marked (`HIDDEN_NOTE`): the helper answers for the
+/// task that runs next, and the switch after counts what was not seen when the process is traced.
 #[map]
 static HIDDEN: Array<u32> = Array::with_max_entries(HIDDEN_SLOTS, 0);
 
@@ -103,11 +104,16 @@ const HIDDEN_SLOTS: u32 = 4;
 /// Anywhere else its switches are few, and the helper costs it nothing measurable.
 const INIT: u32 = 1;
 
+/// Marks the note of a task of a hidden process: kept to count its unseen leaving, never taken
+/// for the current task (none of the programs runs for it).
+const HIDDEN_NOTE: u64 = 1 << 63;
+
 /// The current task's `pid_tgid`: tid in the low half, tgid in the high half.
 #[inline(always)]
 pub fn current_pid_tgid() -> u64 {
     match ON_CPU.get(0) {
-        Some(&known) if known != 0 => known,
+        // Neither empty (0) nor a hidden task's (the sign bit): one signed comparison.
+        Some(&known) if (known as i64) > 0 => known,
         _ => bpf_get_current_pid_tgid(),
     }
 }
@@ -124,12 +130,17 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> u64 {
     let Some(slot) = ON_CPU.get_ptr_mut(0) else { return prev_id };
     // SAFETY: this CPU's slot; the switch program does not nest with itself.
     let slot = unsafe { &mut *slot };
-    if *slot != 0 && *slot != prev_id {
+    let noted = *slot & !HIDDEN_NOTE;
+    if noted != 0 && noted != prev_id {
         // The task noted last left without a switch the kernel showed.
-        learn_hidden((*slot >> 32) as u32);
+        let tgid = (noted >> 32) as u32;
+        learn_hidden(tgid);
+        if may_be_target(tgid) {
+            counters::add(Counter::SwitchesUnseen, 1);
+        }
     }
     let next_id = task_pid_tgid(next);
-    *slot = if is_hidden((next_id >> 32) as u32) { 0 } else { next_id };
+    *slot = if is_hidden((next_id >> 32) as u32) { next_id | HIDDEN_NOTE } else { next_id };
     prev_id
 }
 
@@ -147,11 +158,25 @@ fn is_hidden(tgid: u32) -> bool {
     tgid == INIT || (0..HIDDEN_SLOTS).any(|i| HIDDEN.get(i).is_some_and(|&hidden| hidden == tgid))
 }
 
-/// Adds `tgid` to `HIDDEN`, counting the switch the kernel did not show. Two CPUs learning at
-/// once may both take a slot: a duplicate wastes one, no more.
+/// Whether process `tgid` may be traced, for a task that is not current: a target under
+/// `--all` and `--pid`; under `--cgroup`, unknown without the task, and taken as not (a
+/// sandbox's agent lives outside the cgroups traced).
+#[inline(always)]
+fn may_be_target(tgid: u32) -> bool {
+    match config().filter {
+        filter::ALL => true,
+        filter::CGROUP => false,
+        _ => is_target_process(tgid),
+    }
+}
+
+/// Adds `tgid` to `HIDDEN` (init, whose arrivals are noted as hidden from the start, only
+/// repeats itself). Two CPUs learning at once may both take a slot: a duplicate wastes one.
 #[inline(always)]
 fn learn_hidden(tgid: u32) {
-    counters::add(Counter::SwitchesUnseen, 1);
+    if tgid == INIT {
+        return;
+    }
     for i in 0..HIDDEN_SLOTS {
         let Some(slot) = HIDDEN.get_ptr_mut(i) else { return };
         // SAFETY: a map value, valid for this run.

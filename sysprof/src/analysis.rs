@@ -224,9 +224,9 @@ pub(crate) fn analyze(
     let unseen = shared.counters.get(Counter::SwitchesUnseen);
     if unseen > 0 {
         limitations.push(format!(
-            "{} switches showed a task getting a CPU and none its leaving: the kernel hides that process's own \
-             events (sandboxes hide their agent), so it is not profiled; the tasks that ran after it are \
-             identified by the kernel from then on",
+            "{} times a task of a traced process got a CPU and the kernel did not show it leaving: the kernel \
+             hides that process's own events (sandboxes hide their agent so: init, in a Firecracker guest), \
+             and its samples, calls and switches are missing from this report",
             thousands(unseen)
         ));
     }
