@@ -6,7 +6,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, PerCpuArray},
 };
-use sysprof_common::{Counter, filter};
+use sysprof_common::{Config, Counter, filter};
 
 use crate::{
     atomic,
@@ -126,7 +126,7 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> u64 {
     if config.task_pid_offset == 0 || config.task_tgid_offset == 0 {
         return bpf_get_current_pid_tgid();
     }
-    let prev_id = task_pid_tgid(prev);
+    let prev_id = task_pid_tgid(config, prev);
     let Some(slot) = ON_CPU.get_ptr_mut(0) else { return prev_id };
     // SAFETY: this CPU's slot; the switch program does not nest with itself.
     let slot = unsafe { &mut *slot };
@@ -139,23 +139,27 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> u64 {
             counters::add(Counter::SwitchesUnseen, 1);
         }
     }
-    let next_id = task_pid_tgid(next);
+    let next_id = task_pid_tgid(config, next);
     *slot = if is_hidden((next_id >> 32) as u32) { next_id | HIDDEN_NOTE } else { next_id };
     prev_id
 }
 
 /// `task`'s `pid_tgid`, from its BTF fields (the offsets are known).
 #[inline(always)]
-fn task_pid_tgid(task: *const task_struct) -> u64 {
-    let config = config();
+fn task_pid_tgid(config: &Config, task: *const task_struct) -> u64 {
     u64::from(task_field(task, config.task_tgid_offset)) << 32
         | u64::from(task_field(task, config.task_pid_offset))
 }
 
-/// Whether process `tgid`'s events may be hidden from the programs.
+/// Whether process `tgid`'s events may be hidden from the programs. Run at every switch on the
+/// machine: `learn_hidden` fills the slots in order, so the search ends at the first empty one
+/// (one load while nothing was learned).
 #[inline(always)]
 fn is_hidden(tgid: u32) -> bool {
-    tgid == INIT || (0..HIDDEN_SLOTS).any(|i| HIDDEN.get(i).is_some_and(|&hidden| hidden == tgid))
+    tgid == INIT
+        || (0..HIDDEN_SLOTS)
+            .map_while(|i| HIDDEN.get(i).copied().filter(|&hidden| hidden != 0))
+            .any(|hidden| hidden == tgid)
 }
 
 /// Whether process `tgid` may be traced, for a task that is not current: a target under
