@@ -14,6 +14,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+mod floor;
 mod footprint;
 mod others;
 mod realistic;
@@ -61,7 +62,8 @@ enum Bench {
     /// 999 Hz with sysprof (Python frames and native ones) and with py-spy at the same rate
     Python,
     /// What tracing one process (`--pid` of a sleeping one) adds to every other process's
-    /// syscalls, context switches and page faults, beside bpftrace with a pid filter
+    /// syscalls, context switches and page faults, beside bpftrace with a pid filter and beside
+    /// the floor: empty programs and events where sysprof's are
     Others,
     /// Peak RSS and CPU time of the tool itself for a 10 s trace of the whole machine, beside
     /// `perf record -a -g` + `perf script`
@@ -640,6 +642,22 @@ impl Runner<'_> {
             ratio,
             goal: format!("<= {goal}x bpftrace"),
             holds: ratio.map(|r| r <= goal),
+        });
+    }
+
+    /// The floor under an `added_row_of`: what empty programs on the same tracepoints (and the
+    /// target's fault events) add, and the lowest ratio to bpftrace that any program there
+    /// could reach (`floor.rs`).
+    fn floor_row_of(&self, row: &str, bare: f64, floor: f64, theirs: Option<f64>) {
+        let ratio = theirs.filter(|t| *t > 0.0).map(|theirs| floor.max(0.0) / theirs);
+        self.rows.borrow_mut().push(Row {
+            row: format!("{row}: empty programs and events where sysprof's are (the floor)"),
+            bare: format!("{bare:.1} ns"),
+            sysprof: format!("{floor:+.1} ns"),
+            peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
+            ratio,
+            goal: "- (the kernel's cost of any program or event there)".into(),
+            holds: None,
         });
     }
 

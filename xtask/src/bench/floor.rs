@@ -1,0 +1,179 @@
+//! The floor under what tracing costs other processes: empty BPF programs (`return 0`, two
+//! instructions) attached where sysprof's run for every process on the machine, as BTF
+//! tracepoints like sysprof's, and the target's page-fault events, counting only. Whatever a
+//! program there does, other processes' events cost at least this much: the slow path a
+//! syscall takes once the syscall tracepoints are on, the kernel's call of each program, and
+//! the software-event check every page fault makes once any such event exists. sysprof's
+//! figure minus this one is what its own code adds, and this one over bpftrace's is the lowest
+//! ratio any program on these tracepoints could reach.
+//!
+//! The programs are built and loaded here with the bare `bpf(2)` calls, not from an object: two
+//! instructions need no compiler, and the bench needs nothing of sysprof's to measure under it.
+
+use std::os::fd::{FromRawFd as _, OwnedFd};
+
+use anyhow::{Context as _, bail};
+
+/// The tracepoints every process's events run sysprof's programs on (`--pid` of another
+/// process, default families): a syscall's entry and exit, a context switch, a wake-up.
+pub(super) const SHARED_TRACEPOINTS: [&str; 4] = ["sys_enter", "sys_exit", "sched_switch", "sched_waking"];
+
+/// Empty programs attached to tracepoints, and fault events; dropping this detaches and
+/// unloads them.
+pub(super) struct EmptyPrograms {
+    /// Each program's fd and its attachment's, and the events'.
+    _fds: Vec<OwnedFd>,
+}
+
+const BPF_PROG_LOAD: libc::c_int = 5;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_int = 17;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_TRACE_RAW_TP: u32 = 23;
+
+/// The head of `union bpf_attr` for `BPF_PROG_LOAD`, up to `attach_btf_id`; the kernel takes
+/// the size it is given and zeroes the rest.
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+}
+
+/// `union bpf_attr` for `BPF_RAW_TRACEPOINT_OPEN` (no name: a BTF tracepoint's program knows
+/// its tracepoint).
+#[repr(C)]
+#[derive(Default)]
+struct RawTracepointOpen {
+    name: u64,
+    prog_fd: u32,
+    _pad: u32,
+}
+
+/// `r0 = 0; exit`.
+const EMPTY: [u64; 2] = [0xb7, 0x95];
+
+impl EmptyPrograms {
+    /// Loads an empty program for each of `tracepoints` (names as in `btf_trace_<name>`) and
+    /// attaches it, and opens counting events for process `pid`'s minor and major page faults
+    /// (and its children's), as sysprof's fault family opens its sampling ones.
+    pub(super) fn attach(tracepoints: &[&str], pid: u32) -> anyhow::Result<Self> {
+        let btf = btf_rs::Btf::from_file("/sys/kernel/btf/vmlinux").context("reading the kernel's BTF")?;
+        let mut fds = Vec::new();
+        for name in tracepoints {
+            let typedef = format!("btf_trace_{name}");
+            let id = btf
+                .resolve_ids_by_name(&typedef)
+                .ok()
+                .and_then(|ids| ids.first().copied())
+                .with_context(|| format!("no {typedef} in the kernel's BTF"))?;
+            let program = load(id).with_context(|| format!("loading an empty program for {name}"))?;
+            let link = attach(&program).with_context(|| format!("attaching the empty program to {name}"))?;
+            fds.push(program);
+            fds.push(link);
+        }
+        for config in [PERF_COUNT_SW_PAGE_FAULTS_MIN, PERF_COUNT_SW_PAGE_FAULTS_MAJ] {
+            fds.push(fault_events(pid, config).context("opening a page-fault event")?);
+        }
+        Ok(EmptyPrograms { _fds: fds })
+    }
+}
+
+fn load(btf_id: u32) -> anyhow::Result<OwnedFd> {
+    let license = c"GPL";
+    let mut log = vec![0u8; 4096];
+    let attr = ProgLoad {
+        prog_type: BPF_PROG_TYPE_TRACING,
+        insn_cnt: EMPTY.len() as u32,
+        insns: EMPTY.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+        prog_name: *b"bench_empty\0\0\0\0\0",
+        expected_attach_type: BPF_TRACE_RAW_TP,
+        attach_btf_id: btf_id,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_LOAD, &attr).map_err(|error| {
+        let log = String::from_utf8_lossy(&log);
+        anyhow::anyhow!("{error}: {}", log.trim_end_matches('\0').trim())
+    })
+}
+
+fn attach(program: &OwnedFd) -> anyhow::Result<OwnedFd> {
+    use std::os::fd::AsRawFd as _;
+    let attr = RawTracepointOpen { prog_fd: program.as_raw_fd() as u32, ..Default::default() };
+    bpf(BPF_RAW_TRACEPOINT_OPEN, &attr)
+}
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_PAGE_FAULTS_MIN: u64 = 5;
+const PERF_COUNT_SW_PAGE_FAULTS_MAJ: u64 = 6;
+/// `perf_event_attr.inherit`: the children's faults count too.
+const INHERIT: u64 = 1 << 1;
+
+/// The first version of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER0`), all a counting
+/// software event needs.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    bp_addr: u64,
+}
+
+/// A counting event for `pid`'s software event `config`, on whichever CPU it runs.
+fn fault_events(pid: u32, config: u64) -> anyhow::Result<OwnedFd> {
+    let attr = PerfEventAttr {
+        kind: PERF_TYPE_SOFTWARE,
+        size: size_of::<PerfEventAttr>() as u32,
+        config,
+        flags: INHERIT,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is a live `perf_event_attr` of the size it states; no group, no flags.
+    new_fd(unsafe {
+        libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, pid as i32, -1, -1, 0)
+    })
+}
+
+/// `bpf(cmd, attr)`, for the commands that return a new fd.
+fn bpf<T>(cmd: libc::c_int, attr: &T) -> anyhow::Result<OwnedFd> {
+    // SAFETY: `attr` is a live, initialised `bpf_attr` prefix of the size passed; the kernel
+    // reads it and the buffers it points to (which outlive the call), and writes only the log.
+    new_fd(unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *const T, size_of::<T>()) })
+}
+
+/// The fd a system call returned, or its error.
+fn new_fd(fd: libc::c_long) -> anyhow::Result<OwnedFd> {
+    if fd < 0 {
+        bail!("{}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a new fd the kernel just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
