@@ -107,12 +107,25 @@ struct Walk {
 pub fn user_stack_id() -> Option<i32> {
     #[cfg(bpf_target_arch = "x86_64")]
     {
-        walk_current()
+        let id = sysprof_walk_user_stack();
+        (id != NO_TABLES).then_some(id)
     }
     #[cfg(not(bpf_target_arch = "x86_64"))]
     {
         None
     }
+}
+
+/// `walk_current`'s `None`: no stack id or marker is this.
+const NO_TABLES: i32 = i32::MIN;
+
+/// `walk_current` as a global function: the verifier checks it once per program, on its own,
+/// instead of once for every state its callers reach it in.
+#[cfg(bpf_target_arch = "x86_64")]
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn sysprof_walk_user_stack() -> i32 {
+    walk_current().unwrap_or(NO_TABLES)
 }
 
 #[cfg(bpf_target_arch = "x86_64")]
