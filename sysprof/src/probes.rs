@@ -131,11 +131,12 @@ struct UprobeLinkRecord {
     id: UProbeLinkId,
 }
 
-/// aya's loader, made on a thread of its own from the start of the trace: making one parses
-/// the kernel's BTF (50 ms here), which sysprof's programs do not need (`.btf(None)` at the
-/// load) but aya does at once; this way it overlaps the preflight instead of adding to it.
-/// The parse is freed on that thread too: 140,000 types and 20 MB of small blocks took the
-/// start's critical path 10-15 ms to free.
+/// aya's loader, made on a thread of its own from the start of the trace. Making one reads and
+/// parses the kernel's BTF (45 ms of CPU and 20 MB here, which the start waited for), which
+/// sysprof's programs never use (`.btf(None)` at the load: they carry no CO-RE relocations);
+/// aya 0.14 has no way to skip it, so the thread hides the file from itself first (see
+/// `loader_without_btf`). Where it cannot, the parse overlaps the preflight, and is freed on
+/// that thread.
 pub struct LoaderAhead(std::thread::JoinHandle<EbpfLoader<'static>>);
 
 impl LoaderAhead {
@@ -144,17 +145,27 @@ impl LoaderAhead {
     }
 
     pub fn get(self) -> EbpfLoader<'static> {
-        self.0.join().unwrap_or_else(|_| loader_without_btf())
+        self.0.join().unwrap_or_else(|_| EbpfLoader::new())
     }
 }
 
-/// aya's loader, its parse of the kernel's BTF freed (see `LoaderAhead`).
+/// aya's loader, without its parse of the kernel's BTF. Run on a thread of its own, which
+/// ends after: it gives itself a filesystem context of its own (`unshare(CLONE_FS)`: its root
+/// and working directory, not the process's) rooted at `/proc`, where
+/// `/sys/kernel/btf/vmlinux` does not resolve, so aya's read of it fails at once and it goes
+/// without. That needs CAP_SYS_CHROOT; without it (a capabilities-only run), or without
+/// `/proc`, the BTF is parsed and freed here.
 fn loader_without_btf() -> EbpfLoader<'static> {
+    // SAFETY: both calls change only this thread's filesystem context once unshared (if
+    // `unshare` fails, `chroot` is not called); nothing else runs on this thread.
+    let hidden = unsafe { libc::unshare(libc::CLONE_FS) == 0 && libc::chroot(c"/proc".as_ptr()) == 0 };
     let mut loader = EbpfLoader::new();
-    loader.btf(None);
-    // Its many small blocks go back to the system, not only to malloc's free lists.
-    // SAFETY: malloc_trim has no preconditions.
-    unsafe { libc::malloc_trim(0) };
+    if !hidden {
+        loader.btf(None);
+        // Its many small blocks go back to the system, not only to malloc's free lists.
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
+    }
     loader
 }
 
@@ -283,7 +294,7 @@ impl Probes {
     /// Loads the object with `config` baked into its read-only data and its maps sized. No
     /// program runs yet.
     pub fn load(config: &Config, sizes: MapSizes) -> anyhow::Result<Self> {
-        Self::load_with(loader_without_btf(), config, sizes)
+        Self::load_with(LoaderAhead::start().get(), config, sizes)
     }
 
     /// `load`, with a loader made ahead (`LoaderAhead`).
