@@ -32,16 +32,20 @@ const SECONDS: u32 = 10;
 impl Runner<'_> {
     pub(super) fn footprint(&self) -> anyhow::Result<()> {
         let seconds = SECONDS.to_string();
-        let sysprof = vec![
-            self.sysprof.display().to_string(),
-            "trace".into(),
-            "-q".into(),
-            "--all".into(),
-            "-d".into(),
-            format!("{seconds}s"),
-            "-o".into(),
-            self.out.join("footprint").display().to_string(),
+        let sysprof_path = self.sysprof.display().to_string();
+        let footprint_out = self.out.join("footprint").display().to_string();
+        let sysprof = [
+            sysprof_path.as_str(),
+            "trace",
+            "-q",
+            "--all",
+            "-d",
+            &format!("{seconds}s"),
+            "-o",
+            &footprint_out,
         ];
+        let accountant = build_workload(self.root, self.out, "accounted")?;
+        let run_accounted = |argv: &[&str]| run_accounted(&accountant, argv);
         let have_perf = tool_works("perf", &["--version"]);
         let data = self.out.join("perf-footprint.data").display().to_string();
         let rounds = self.runs.clamp(1, 3);
@@ -159,34 +163,30 @@ impl Drop for Load {
 }
 
 /// Runs a command to its end (its output thrown away) and returns what the kernel accounted
-/// to it: CPU time and peak RSS (wait4's rusage, which covers the process and the children it
-/// waited for).
-fn run_accounted<S: AsRef<std::ffi::OsStr>>(argv: &[S]) -> anyhow::Result<Usage> {
-    let mut command = Command::new(&argv[0]);
+/// to it: CPU time and peak RSS, with the children it waited for. Through `accountant`
+/// (tests/workloads/accounted.c), a small process of its own: a child's peak RSS starts at its
+/// parent's (exec records the memory the process had before), and the bench's own would be
+/// charged to the tool.
+fn run_accounted(accountant: &std::path::Path, argv: &[&str]) -> anyhow::Result<Usage> {
+    let mut command = Command::new(accountant);
     for variable in crate::SUDO_VARIABLES {
         command.env_remove(variable);
     }
-    let child = command
-        .args(&argv[1..])
+    let output = command
+        .args(argv)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {:?}", argv[0].as_ref()))?;
-    let mut status = 0;
-    // SAFETY: rusage is plain data, filled in by wait4.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: the pid is our child's, not reaped yet (std's Child does not reap on drop).
-    let reaped = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    if reaped < 0 {
-        bail!("waiting for {:?}: {}", argv[0].as_ref(), std::io::Error::last_os_error());
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting {:?}", argv[0]))?;
+    if !output.status.success() {
+        bail!("{:?} failed ({})", argv[0], output.status);
     }
-    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("{:?} failed (wait status {status})", argv[0].as_ref());
-    }
-    let seconds = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    Ok(Usage {
-        cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
-        peak_rss_kib: usage.ru_maxrss as u64,
-    })
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let value = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix('=')?.trim().parse::<f64>().ok())
+            .with_context(|| format!("the accountant printed no {name}: {stdout}"))
+    };
+    Ok(Usage { cpu_s: value("cpu_s")?, peak_rss_kib: value("peak_rss_kib")? as u64 })
 }
