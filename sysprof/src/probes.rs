@@ -339,8 +339,9 @@ impl Probes {
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.
             .allow_unsupported_maps()
-            // The programs carry no CO-RE relocations (Rust cannot emit them: see btf.rs),
-            // so aya need not parse the kernel's BTF to load them: 50 ms of the start.
+            // The programs carry no CO-RE relocations (Rust cannot emit them: see btf.rs), so
+            // the load needs no kernel BTF: a loader from `loader_without_btf` has none, and
+            // any other one's parse is dropped here.
             .btf(None)
             .load(BPF_OBJECT)
             .context("loading sysprof's BPF object")?;
