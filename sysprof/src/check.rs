@@ -158,13 +158,17 @@ fn kernel_version() -> Finding {
         std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
     let mut numbers = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
     let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    if version >= (5, 8) {
-        Finding { name: "kernel", status: "ok", detail: format!("Linux {release} (>= 5.8)") }
+    // bpf_loop (5.17) is the newest helper the programs call: the unwinder's frame loop.
+    if version >= (5, 17) {
+        Finding { name: "kernel", status: "ok", detail: format!("Linux {release} (>= 5.17)") }
     } else {
         Finding {
             name: "kernel",
             status: "fail",
-            detail: format!("Linux {release}: sysprof needs 5.8 or later (ring buffers, CAP_BPF)"),
+            detail: format!(
+                "Linux {release}: sysprof needs 5.17 or later (its unwinder's bpf_loop; task storage, \
+                 ring buffers, CAP_BPF)"
+            ),
         }
     }
 }
