@@ -11,7 +11,8 @@ pub mod process_event {
     /// A target process's main thread exited.
     pub const EXIT: u32 = 3;
     /// A target process mapped executable memory (mmap with PROT_EXEC succeeded): a library
-    /// loaded, whose symbols and unwind table userspace reads now.
+    /// loaded, whose symbols and unwind table userspace reads at its next drain (it does not
+    /// wake userspace: see the programs' `events::wakeup`).
     pub const MAPPED: u32 = 4;
     /// The unwinder stored a new stack with Python frames for a target process: userspace
     /// reads their code objects now, while the process (and they) still exist.

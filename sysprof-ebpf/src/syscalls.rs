@@ -22,7 +22,7 @@
 //! tp_btf on the raw syscall tracepoints: no tracefs, no perf-event indirection.
 
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, PerCpuArray},
@@ -39,9 +39,13 @@ use crate::{
     timeline, window,
 };
 
+/// Preallocated (22 MB of kernel memory for 16,384 entries): a map that allocates at insert
+/// takes its elements from a per-CPU cache that the kernel refills with an interrupt to this
+/// CPU (irq_work) every few elements, and in a VM that interrupt is an exit to the hypervisor.
+/// Each process's first call of each syscall inserts: in a `make -j2` (1,500 of them) a timed
+/// call's lookup took 640 ns on average with allocation at insert, 300 preallocated.
 #[map]
-static SYSCALLS: HashMap<SyscallKey, SyscallStats> =
-    HashMap::with_max_entries(capacity::SYSCALLS, BPF_F_NO_PREALLOC);
+static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(capacity::SYSCALLS, 0);
 
 #[map]
 static SYSCALL_ERRORS: HashMap<SyscallErrorKey, u64> = HashMap::with_max_entries(capacity::SYSCALL_ERRORS, 0);

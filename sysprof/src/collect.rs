@@ -420,6 +420,9 @@ pub async fn collect(
                 if let Some(timeline) = timeline.as_deref_mut() {
                     timeline.drain();
                 }
+                // Forks, exits and mapped libraries do not wake sysprof (see the programs'
+                // `events::wakeup`): they are read here, if no exec came first.
+                drain_events(events.get_mut(), processes);
                 processes.rescan_due();
                 processes.sample_memory_due();
                 calls.attach_new(probes, processes);
