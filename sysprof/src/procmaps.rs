@@ -64,7 +64,7 @@ pub struct ProcessMaps {
 impl ProcessMaps {
     /// Reads /proc/PID/maps now.
     pub fn read(pid: u32) -> std::io::Result<Self> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let text = crate::target::read_proc_text(&format!("/proc/{pid}/maps"))?;
         Ok(Self::parse(pid, executable_lines(&text)))
     }
 
@@ -73,7 +73,7 @@ impl ProcessMaps {
     /// seconds, and are nearly always unchanged: then nothing is parsed or looked up.
     pub fn read_if_changed(pid: u32, known: Option<u64>) -> std::io::Result<Option<(Self, u64)>> {
         use std::hash::{Hash as _, Hasher as _};
-        let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let text = crate::target::read_proc_text(&format!("/proc/{pid}/maps"))?;
         let lines: Vec<&str> = executable_lines(&text).collect();
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         lines.hash(&mut hasher);

@@ -413,7 +413,7 @@ fn read_memory(schedule: Option<&Schedule>, pid: u32, record: &mut ProcessRecord
 }
 
 fn read_comm(pid: u32) -> Option<String> {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let comm = crate::target::read_proc_text(&format!("/proc/{pid}/comm")).ok()?;
     Some(comm.trim_end_matches('\n').to_string())
 }
 

@@ -74,7 +74,7 @@ pub fn process_exists(pid: u32) -> bool {
 
 /// The process a task id belongs to (its Tgid); a process's own id gives itself.
 fn thread_group(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let status = read_proc_text(&format!("/proc/{tid}/status")).ok()?;
     status.lines().find_map(|line| line.strip_prefix("Tgid:"))?.trim().parse().ok()
 }
 
@@ -123,9 +123,34 @@ impl ProcStat {
     }
 }
 
+/// A /proc file's text in two reads: one into a buffer big enough for most of them, and the
+/// one that finds the end. procfs files have no size, so `fs::read_to_string` asks for one (a
+/// statx) and then reads in growing steps from 32 bytes: six calls after the open for a
+/// process's stat. sysprof reads these files for every process it follows, and each call it
+/// makes during a trace also runs its own syscall programs.
+pub fn read_proc_text(path: &str) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path)?;
+    let mut text = Vec::new();
+    let mut buffer = [0u8; PROC_READ];
+    loop {
+        match file.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(read) => text.extend_from_slice(&buffer[..read]),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    String::from_utf8(text).map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, error))
+}
+
+/// [`read_proc_text`]'s buffer: a page holds a process's stat or status, and a maps file comes
+/// a page per read whatever the buffer.
+const PROC_READ: usize = 4096;
+
 /// /proc/PID/stat, when the process exists.
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_proc_text(&format!("/proc/{pid}/stat")).ok()?;
     // The fields after the parenthesized name (which may itself contain ") "), from field 3.
     let (_, rest) = stat.rsplit_once(") ")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();

@@ -25,7 +25,7 @@ impl MemorySample {
     /// (a kernel thread, or a process that has released it while exiting).
     pub fn read(pid: u32, t_ms: u64) -> Option<Self> {
         // Read every few hundred ms for every process: only the six fields are parsed.
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let status = crate::target::read_proc_text(&format!("/proc/{pid}/status")).ok()?;
         let mut sample = MemorySample { t_ms, ..MemorySample::default() };
         let mut has_memory = false;
         for line in status.lines() {
