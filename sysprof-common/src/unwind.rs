@@ -49,7 +49,8 @@ pub struct UnwindRow {
 }
 shared!(UnwindRow, 12);
 
-/// Rows per entry of [`ROWS`]: userspace writes a table a chunk at a time (one syscall each).
+/// Rows per entry of [`ROWS`]. Userspace writes a table's rows through a shared mapping of the
+/// array (created memory-mappable), all its chunks at once.
 pub const ROWS_PER_CHUNK: usize = 256;
 
 /// One entry of [`ROWS`].

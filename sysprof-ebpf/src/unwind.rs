@@ -23,9 +23,11 @@ use sysprof_common::{
     },
 };
 
-/// Every file's unwind table (see `sysprof_common::unwind::ROWS`); the loader sizes it.
+/// Every file's unwind table (see `sysprof_common::unwind::ROWS`); the loader sizes it, and
+/// userspace writes it through a shared mapping.
 #[map]
-static UNWIND_ROWS: Array<RowChunk> = Array::with_max_entries(DEFAULT_CHUNKS, 0);
+static UNWIND_ROWS: Array<RowChunk> =
+    Array::with_max_entries(DEFAULT_CHUNKS, aya_ebpf::bindings::BPF_F_MMAPABLE);
 
 /// tgid -> its executable mappings and their tables.
 #[map]

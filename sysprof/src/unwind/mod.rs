@@ -15,12 +15,13 @@ pub mod tables;
 use std::{
     collections::{HashMap, hash_map::DefaultHasher},
     hash::{Hash as _, Hasher as _},
+    os::fd::AsFd as _,
     path::PathBuf,
     sync::mpsc,
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use serde::{Deserialize, Serialize};
 use sysprof_common::unwind::{
     self as shared, ExecMapping, MAPPINGS_PER_PROCESS, ProcessMappings, ROWS_PER_CHUNK, RowChunk, UnwindRow,
@@ -349,18 +350,70 @@ impl Unwinder {
                 crate::report::format::bytes(size_of_val(rows) as u64)
             ));
         }
-        let map = probes.map_mut(shared::ROWS).map_err(|e| e.to_string())?;
-        let mut array = Array::<&mut MapData, RowChunk>::try_from(map).map_err(|e| e.to_string())?;
+        let aya::maps::Map::Array(map) = probes.map_mut(shared::ROWS).map_err(|e| e.to_string())? else {
+            return Err(format!("{} is not an array", shared::ROWS));
+        };
         let first = self.next_chunk;
-        for (index, part) in rows.chunks(ROWS_PER_CHUNK).enumerate() {
-            let mut chunk = RowChunk { rows: [UnwindRow::default(); ROWS_PER_CHUNK] };
-            chunk.rows[..part.len()].copy_from_slice(part);
-            array.set(first + index as u32, chunk, 0).map_err(|e| format!("writing its table: {e}"))?;
-        }
+        // SAFETY: `UnwindRow` is plain data without padding (12 bytes of fields, checked in
+        // common), so its bytes are initialized.
+        let bytes = unsafe { std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), size_of_val(rows)) };
+        // A table's chunks are contiguous in the array, and so are its rows: the last chunk's
+        // tail stays as the map was made, zero.
+        write_mapped(map.fd().as_fd(), first as usize * size_of::<RowChunk>(), bytes)
+            .map_err(|e| format!("writing its table: {e}"))?;
         self.next_chunk += chunks;
         self.summary.bytes = u64::from(self.next_chunk) * size_of::<RowChunk>() as u64;
         Ok(first * ROWS_PER_CHUNK as u32)
     }
+}
+
+/// How much of `UNWIND_ROWS` is mapped at once: what writing a table adds to sysprof's
+/// resident memory at most.
+const WRITE_WINDOW: usize = 256 << 10;
+
+/// Copies `bytes` to `offset` in a memory-mappable array's values, through a shared mapping of
+/// it a window at a time: a few system calls a table, where a map update per chunk was one per
+/// 256 rows (1,600 for a compiler's table), and every call sysprof makes during a trace also
+/// runs its own syscall programs. Nothing reads the rows before the process entries that point
+/// at them are written, by a system call, after.
+fn write_mapped(fd: std::os::fd::BorrowedFd<'_>, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: plain libc call.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let mut done = 0;
+    while done < bytes.len() {
+        let at = offset + done;
+        let window = at / page * page;
+        let length = (bytes.len() - done).min(WRITE_WINDOW - (at - window));
+        let mapped = at - window + length;
+        // SAFETY: a fresh shared mapping of the map's memory within its size (the caller's
+        // capacity check), unmapped below; nothing else in this process aliases it.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                window as libc::off_t,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `length` bytes from `done` are in `bytes`, and from `at - window` in the
+        // mapping, which is `mapped` bytes long.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes[done..].as_ptr(),
+                address.cast::<u8>().add(at - window),
+                length,
+            );
+            libc::munmap(address, mapped);
+        }
+        done += length;
+    }
+    Ok(())
 }
 
 /// A process's entry: each mapping with its file's table where it is loaded (asking the
