@@ -378,40 +378,17 @@ const WRITE_WINDOW: usize = 256 << 10;
 /// at them are written, by a system call, after.
 fn write_mapped(fd: std::os::fd::BorrowedFd<'_>, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
-    // SAFETY: plain libc call.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let mut done = 0;
-    while done < bytes.len() {
-        let at = offset + done;
-        let window = at / page * page;
-        let length = (bytes.len() - done).min(WRITE_WINDOW - (at - window));
-        let mapped = at - window + length;
-        // SAFETY: a fresh shared mapping of the map's memory within its size (the caller's
-        // capacity check), unmapped below; nothing else in this process aliases it.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                window as libc::off_t,
-            )
+    for (index, part) in bytes.chunks(WRITE_WINDOW).enumerate() {
+        // SAFETY: a fresh shared mapping of the map's own memory, within its size (the caller's
+        // capacity check); nothing else in this process aliases it, and it is unmapped when
+        // dropped, below. memmap2 aligns the offset down to a page itself.
+        let mut window = unsafe {
+            memmap2::MmapOptions::new()
+                .offset((offset + index * WRITE_WINDOW) as u64)
+                .len(part.len())
+                .map_mut(fd.as_raw_fd())?
         };
-        if address == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `length` bytes from `done` are in `bytes`, and from `at - window` in the
-        // mapping, which is `mapped` bytes long.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes[done..].as_ptr(),
-                address.cast::<u8>().add(at - window),
-                length,
-            );
-            libc::munmap(address, mapped);
-        }
-        done += length;
+        window.copy_from_slice(part);
     }
     Ok(())
 }
