@@ -72,6 +72,10 @@ pub mod names {
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
     /// Hash: [`crate::SyscallKey`] -> [`crate::SyscallStats`].
     pub const SYSCALLS: &str = "SYSCALLS";
+    /// Per-CPU array of one `u64`: the `pid_tgid` of the task on the CPU as the switch program
+    /// noted it, with its verdict on the task (outside the target set or not). Zeroed by
+    /// userspace when the set grows.
+    pub const ON_CPU: &str = "ON_CPU";
     /// Per-CPU array of one [`crate::SyscallSlot`].
     pub const SYSCALL_SLOT: &str = "SYSCALL_SLOT";
     /// Hash: [`crate::SyscallErrorKey`] -> count of failed calls.

@@ -66,13 +66,13 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let prev: *mut task_struct = ctx.arg(1);
     let prev_state = ctx.arg::<u64>(3) as u32;
     let next: *mut task_struct = ctx.arg(2);
-    let tid = target::note_switch(prev, next) as u32;
-    syscalls::park_in_flight(tid, prev);
+    let switch = target::note_switch(prev, next);
+    syscalls::park_in_flight(switch.prev_id as u32, prev);
     if config().sched_stats == 0 {
         return 0;
     }
     // Every other process's switches end at the target test, before any storage lookup.
-    let (leaving, arriving) = (target::task_may_be_target(prev), target::task_may_be_target(next));
+    let (leaving, arriving) = (switch.prev_may_be_target, switch.next_may_be_target);
     if !leaving && !arriving {
         return 0;
     }

@@ -64,7 +64,7 @@ const MAX_ERRNO: i64 = 4095;
 /// `sys_enter(struct pt_regs *regs, long id)`
 #[btf_tracepoint(function = "sys_enter")]
 pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
-    let pid_tgid = target::current_pid_tgid();
+    let Some(pid_tgid) = target::current_unless_outside() else { return 0 };
     let tgid = (pid_tgid >> 32) as u32;
     if !target::is_current_target_cached(tgid) || !window::open() {
         return 0;
@@ -146,7 +146,7 @@ fn next_random() -> u32 {
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
-    let pid_tgid = target::current_pid_tgid();
+    let Some(pid_tgid) = target::current_unless_outside() else { return 0 };
     let tid = pid_tgid as u32;
     let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
         return 0;

@@ -80,11 +80,13 @@ fn task_field(task: *const task_struct, offset: u32) -> u32 {
 
 /// The `pid_tgid` of the task running on each CPU, as the switch program saw it arrive (0 until
 /// then, and for the idle task; marked for a task whose leaving the kernel may not show: see
-/// `HIDDEN`): the syscall programs, which every process on the machine runs twice per call,
-/// read it with an inlined per-CPU load instead of calling a helper, which on this kind of host
-/// (a VM, return thunks against speculation) costs more than the rest of the test. `current`
-/// changes only at a switch, with interrupts off from the tracepoint to the switch itself, so
-/// no event runs in between.
+/// `HIDDEN`), with the switch's verdict on it under `--pid` (`OUTSIDE`): the syscall programs,
+/// which every process on the machine runs twice per call, read it with an inlined per-CPU load
+/// instead of calling a helper, which on this kind of host (a VM, return thunks against
+/// speculation) costs more than the rest of the test, and another process's call ends there.
+/// `current` changes only at a switch, with interrupts off from the tracepoint to the switch
+/// itself, so no event runs in between. Userspace zeroes it (`Probes::forget_switch_notes`)
+/// when it adds a target: a verdict is only as new as the switch that made it.
 #[map]
 static ON_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
@@ -108,29 +110,56 @@ const INIT: u32 = 1;
 /// for the current task (none of the programs runs for it).
 const HIDDEN_NOTE: u64 = 1 << 63;
 
-/// The current task's `pid_tgid`: tid in the low half, tgid in the high half.
+/// Marks a note whose task was outside the target set when it arrived (filter::TARGETS only):
+/// its events end at the one load of the note, with no test of the set. Pids are below 2^22,
+/// so the bit is never part of a tgid.
+const OUTSIDE: u64 = 1 << 62;
+
+/// The current task's `pid_tgid` (tid in the low half, tgid in the high half), or `None` when
+/// the switch that brought it here found it outside the target set.
 #[inline(always)]
-pub fn current_pid_tgid() -> u64 {
+pub fn current_unless_outside() -> Option<u64> {
     match ON_CPU.get(0) {
         // Neither empty (0) nor a hidden task's (the sign bit): one signed comparison.
-        Some(&known) if (known as i64) > 0 => known,
-        _ => bpf_get_current_pid_tgid(),
+        Some(&known) if (known as i64) > 0 => (known & OUTSIDE == 0).then_some(known),
+        _ => Some(bpf_get_current_pid_tgid()),
     }
 }
 
+/// A context switch, as `note_switch` saw it.
+pub struct Switch {
+    /// The leaving thread's `pid_tgid`, read from its task.
+    pub prev_id: u64,
+    /// Whether each thread may belong to the target (`task_may_be_target`).
+    pub prev_may_be_target: bool,
+    pub next_may_be_target: bool,
+}
+
 /// Notes a switch from `prev` (current until it happens) to `next` (the switch program's
-/// first step), and returns `prev`'s `pid_tgid`, read from its task.
+/// first step), with the verdict on `next`; `prev`'s is the one noted at its arrival, when
+/// nothing changed the target set since (see `ON_CPU`): a switch between two other processes
+/// tests the set once, not twice.
 #[inline(always)]
-pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> u64 {
+pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch {
     let config = config();
     if config.task_pid_offset == 0 || config.task_tgid_offset == 0 {
-        return bpf_get_current_pid_tgid();
+        return Switch {
+            prev_id: bpf_get_current_pid_tgid(),
+            prev_may_be_target: true,
+            next_may_be_target: true,
+        };
     }
     let prev_id = task_pid_tgid(config, prev);
-    let Some(slot) = ON_CPU.get_ptr_mut(0) else { return prev_id };
+    let next_id = task_pid_tgid(config, next);
+    let next_tgid = (next_id >> 32) as u32;
+    let next_may_be_target = config.filter != filter::TARGETS || is_target_process(next_tgid);
+    let Some(slot) = ON_CPU.get_ptr_mut(0) else {
+        return Switch { prev_id, prev_may_be_target: task_may_be_target(prev), next_may_be_target };
+    };
     // SAFETY: this CPU's slot; the switch program does not nest with itself.
     let slot = unsafe { &mut *slot };
-    let noted = *slot & !HIDDEN_NOTE;
+    let prev_may_be_target = *slot != prev_id | OUTSIDE && task_may_be_target(prev);
+    let noted = *slot & !(HIDDEN_NOTE | OUTSIDE);
     if noted != 0 && noted != prev_id {
         // The task noted last left without a switch the kernel showed.
         let tgid = (noted >> 32) as u32;
@@ -139,9 +168,14 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> u64 {
             counters::add(Counter::SwitchesUnseen, 1);
         }
     }
-    let next_id = task_pid_tgid(config, next);
-    *slot = if is_hidden((next_id >> 32) as u32) { next_id | HIDDEN_NOTE } else { next_id };
-    prev_id
+    *slot = if is_hidden(next_tgid) {
+        next_id | HIDDEN_NOTE
+    } else if next_may_be_target {
+        next_id
+    } else {
+        next_id | OUTSIDE
+    };
+    Switch { prev_id, prev_may_be_target, next_may_be_target }
 }
 
 /// `task`'s `pid_tgid`, from its BTF fields (the offsets are known).

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader, Pod,
-    maps::{Array, HashMap as BpfHashMap, MapData, RingBuf, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues, RingBuf, StackTraceMap},
     programs::{
         BtfTracePoint, ProgramError, RawTracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
@@ -394,7 +394,18 @@ impl Probes {
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         targets.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the targets"))?;
         self.target_bits()?.set(pid, true);
-        Ok(())
+        self.forget_switch_notes()
+    }
+
+    /// Zeroes each CPU's note of its current task (`names::ON_CPU`): the note carries the
+    /// switch's verdict that the task was outside the target set, and a thread of a process
+    /// that has just joined would be taken for an outsider until it next leaves the CPU. A
+    /// zeroed note sends the programs to the set itself, and the next switch notes afresh.
+    pub fn forget_switch_notes(&mut self) -> anyhow::Result<()> {
+        let mut notes: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(self.map_mut(names::ON_CPU)?)?;
+        let cpus = aya::util::nr_cpus().map_err(|(_, error)| error).context("counting the CPUs")?;
+        let zeroes = PerCpuValues::try_from(vec![0u64; cpus])?;
+        notes.set(0, zeroes, 0).with_context(|| format!("writing map {}", names::ON_CPU))
     }
 
     /// Takes a process out of the in-kernel target set.
