@@ -67,7 +67,10 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let prev_state = ctx.arg::<u64>(3) as u32;
     let next: *mut task_struct = ctx.arg(2);
     let switch = target::note_switch(prev, next);
-    syscalls::park_in_flight(switch.prev_id as u32, prev);
+    // Only a target's thread has a call in the CPU's slot.
+    if switch.prev_may_be_target {
+        syscalls::park_in_flight(switch.prev_id as u32, prev);
+    }
     if config().sched_stats == 0 {
         return 0;
     }
