@@ -259,8 +259,13 @@ pub struct Config {
     /// counting every fault.
     pub task_min_flt_offset: u32,
     pub task_maj_flt_offset: u32,
+    /// Byte offset of `task_struct::se.sum_exec_runtime`: the kernel's count of a thread's time
+    /// on a CPU, which the switch program takes its on-CPU time from (0 when unknown: the
+    /// clock between its switches).
+    pub task_exec_runtime_offset: u32,
+    pub _pad: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 16 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 18 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {

@@ -29,6 +29,8 @@ static CONFIG: Config = Config {
     timeline_min_us: 0,
     task_min_flt_offset: 0,
     task_maj_flt_offset: 0,
+    task_exec_runtime_offset: 0,
+    _pad: 0,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

@@ -137,10 +137,12 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     // Before the trace starts only where the thread is is kept (so a wait that began during
     // the attach is timed from the start); nothing is counted.
     let start = window::start();
+    let runtime = exec_runtime(prev);
     if start != 0 {
-        account_switch_out(state, involuntary, prev_state, start, now);
+        account_switch_out(state, involuntary, prev_state, start, now, runtime);
     }
     state.switched_out_ns = now;
+    state.runtime_out_ns = runtime.unwrap_or(0);
     state.waker_seen = 0;
     state.offcpu_state = prev_state;
     state.runnable_since_ns = if involuntary { now } else { 0 };
@@ -176,10 +178,30 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
 /// A thread preempted in its own code has its stacks walked 1 time in this many.
 const PREEMPTED_WALK_EVERY: u32 = 8;
 
+/// The thread's time on a CPU so far as the scheduler counts it (`se.sum_exec_runtime`, brought
+/// up to date for the leaving thread before the tracepoint fires), where its offset is known.
+#[inline(always)]
+fn exec_runtime(task: *const task_struct) -> Option<u64> {
+    let offset = config().task_exec_runtime_offset;
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: a tp_btf argument (a trusted task pointer) and an offset from kernel BTF, a
+    // constant the verifier checks the load against the task's type with.
+    Some(unsafe { core::ptr::read_volatile(task.cast::<u8>().add(offset as usize).cast::<u64>()) })
+}
+
 /// The on-CPU stretch the thread ends now (and the wait before it, when its arrival was not
 /// seen), counted from the trace's `start` at the earliest.
 #[inline(always)]
-fn account_switch_out(state: &TaskState, involuntary: bool, prev_state: u32, start: u64, now: u64) {
+fn account_switch_out(
+    state: &TaskState,
+    involuntary: bool,
+    prev_state: u32,
+    start: u64,
+    now: u64,
+    runtime: Option<u64>,
+) {
     let since = if state.switched_out_ns != 0 {
         // Leaving a CPU again without having been seen to arrive: the kernel does not trace
         // every switch in (from the idle task, on recent kernels). It came on after its wakeup,
@@ -202,7 +224,16 @@ fn account_switch_out(state: &TaskState, involuntary: bool, prev_state: u32, sta
         start
     };
     let Some(thread) = thread_sched(state, true) else { return };
-    thread.oncpu_ns += now.saturating_sub(since.max(start));
+    let stretch = now.saturating_sub(since.max(start));
+    // The clock's stretch includes what the hypervisor took from the CPU meanwhile (steal: a
+    // loaded host's vCPU stops mid-stretch), which the thread never ran and its own CPU clock
+    // leaves out (on a contended host a busy thread came out 9-19% over it). The scheduler's
+    // count since the thread last left a CPU is its time on one since, steal left out; the
+    // stretch still bounds it where that began before the trace did.
+    thread.oncpu_ns += match runtime {
+        Some(total) => stretch.min(total.saturating_sub(state.runtime_out_ns)),
+        None => stretch,
+    };
     // A thread's last switch, as it exits (TASK_DEAD), is no wait: getrusage counts none.
     if involuntary {
         thread.involuntary += 1;

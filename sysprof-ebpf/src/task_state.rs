@@ -32,6 +32,9 @@ pub struct TaskState {
     pub switched_out_ns: u64,
     /// When the task last got a CPU (0: not since the trace started).
     pub switched_in_ns: u64,
+    /// Its time on a CPU as the scheduler counted it (`se.sum_exec_runtime`) when it last left
+    /// one (0: not seen leaving).
+    pub runtime_out_ns: u64,
     /// When the task became runnable and started waiting for a CPU (0: not waiting).
     pub runnable_since_ns: u64,
     /// Where and why it left the CPU last.

@@ -32,6 +32,9 @@ pub struct TaskOffsets {
     /// (0 where the kernel has no such field: the fault programs then count every fault).
     pub min_flt: u32,
     pub maj_flt: u32,
+    /// `se.sum_exec_runtime`: each thread's time on a CPU as the scheduler counts it, which
+    /// leaves out what the hypervisor took (steal); 0 where the kernel has no such field.
+    pub exec_runtime: u32,
 }
 
 impl TaskOffsets {
@@ -50,6 +53,10 @@ impl TaskOffsets {
                 .unwrap_or(0),
             min_flt: btf.member_offset("task_struct", "min_flt").unwrap_or(0),
             maj_flt: btf.member_offset("task_struct", "maj_flt").unwrap_or(0),
+            exec_runtime: btf
+                .member_offset("task_struct", "se")
+                .and_then(|se| Ok(se + btf.member_offset("sched_entity", "sum_exec_runtime")?))
+                .unwrap_or(0),
         })
     }
 }
@@ -345,6 +352,8 @@ mod tests {
         // min_flt and maj_flt are adjacent unsigned longs (with nvcsw and nivcsw before them).
         assert_eq!(offsets.maj_flt, offsets.min_flt + 8);
         assert!(offsets.min_flt > 0);
+        // A u64 inside the task's sched_entity (its offset is checked against btf-rs below).
+        assert!(offsets.exec_runtime > 0 && offsets.exec_runtime.is_multiple_of(8));
     }
 
     /// The walk agrees with btf-rs, a general BTF parser, on every named field of structs
@@ -356,7 +365,9 @@ mod tests {
         let ours = TypeIndex::new(&bytes).unwrap();
         let theirs = btf_rs::Btf::from_bytes(&bytes).unwrap();
         let mut compared = 0;
-        for name in ["task_struct", "thread_struct", "mm_struct", "sk_buff", "page", "pt_regs"] {
+        for name in
+            ["task_struct", "thread_struct", "sched_entity", "mm_struct", "sk_buff", "page", "pt_regs"]
+        {
             let Ok(types) = theirs.resolve_types_by_name(name) else { continue };
             let Some(btf_rs::Type::Struct(layout)) =
                 types.into_iter().find(|t| matches!(t, btf_rs::Type::Struct(_)))

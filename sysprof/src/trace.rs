@@ -171,6 +171,8 @@ fn kernel_config(
         timeline_min_us: if config.timeline_events > 0 { crate::timeline::MIN_SLICE_US } else { 0 },
         task_min_flt_offset: offsets.min_flt,
         task_maj_flt_offset: offsets.maj_flt,
+        task_exec_runtime_offset: offsets.exec_runtime,
+        _pad: 0,
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
