@@ -168,9 +168,12 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
             counters::add(Counter::SwitchesUnseen, 1);
         }
     }
+    // The idle task's note stays 0, unknown: the kernel does not trace every switch from it
+    // (`sched.rs::account_switch_out`), and the task that then runs unseen must reach the
+    // helper, not the verdict on the idle task.
     *slot = if is_hidden(next_tgid) {
         next_id | HIDDEN_NOTE
-    } else if next_may_be_target {
+    } else if next_may_be_target || next_id == 0 {
         next_id
     } else {
         next_id | OUTSIDE
