@@ -186,9 +186,7 @@ fn exec_runtime(task: *const task_struct) -> Option<u64> {
     if offset == 0 {
         return None;
     }
-    // SAFETY: a tp_btf argument (a trusted task pointer) and an offset from kernel BTF, a
-    // constant the verifier checks the load against the task's type with.
-    Some(unsafe { core::ptr::read_volatile(task.cast::<u8>().add(offset as usize).cast::<u64>()) })
+    Some(target::task_field::<u64>(task, offset))
 }
 
 /// The on-CPU stretch the thread ends now (and the wait before it, when its arrival was not

@@ -63,19 +63,23 @@ pub fn add_target_process(tgid: u32) {
 #[inline(always)]
 pub fn task_may_be_target(task: *const task_struct) -> bool {
     let config = config();
-    if config.filter != filter::TARGETS || config.task_tgid_offset == 0 {
-        return true;
-    }
-    is_target_process(task_field(task, config.task_tgid_offset))
+    config.task_tgid_offset == 0 || tgid_may_be_target(config, task_field(task, config.task_tgid_offset))
 }
 
-/// The `u32` at `offset` in `task`: a tp_btf argument (a trusted task pointer), and the offset
-/// one of `Config`'s, from kernel BTF (`pid`, `tgid`): a constant the verifier checks the load
+/// `task_may_be_target` for a task whose process id is known.
+#[inline(always)]
+fn tgid_may_be_target(config: &Config, tgid: u32) -> bool {
+    config.filter != filter::TARGETS || is_target_process(tgid)
+}
+
+/// The field of type `T` at `offset` in `task`: a tp_btf argument (a trusted task pointer), and
+/// the offset one of `Config`'s, from kernel BTF: a constant the verifier checks the load
 /// against the task's type with, so no helper call is needed.
 #[inline(always)]
-fn task_field(task: *const task_struct, offset: u32) -> u32 {
-    // SAFETY: as above; the verifier rejects the program if the offset is not a u32 field.
-    unsafe { core::ptr::read_volatile(task.cast::<u8>().add(offset as usize).cast::<u32>()) }
+pub fn task_field<T: Copy>(task: *const task_struct, offset: u32) -> T {
+    // SAFETY: as above; the verifier rejects the program if the offset is not a field of
+    // `T`'s size.
+    unsafe { core::ptr::read_volatile(task.cast::<u8>().add(offset as usize).cast::<T>()) }
 }
 
 /// The `pid_tgid` of the task running on each CPU, as the switch program saw it arrive (0 until
@@ -152,13 +156,14 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
     let prev_id = task_pid_tgid(config, prev);
     let next_id = task_pid_tgid(config, next);
     let next_tgid = (next_id >> 32) as u32;
-    let next_may_be_target = config.filter != filter::TARGETS || is_target_process(next_tgid);
+    let next_may_be_target = tgid_may_be_target(config, next_tgid);
+    let prev_may_be_target = || tgid_may_be_target(config, (prev_id >> 32) as u32);
     let Some(slot) = ON_CPU.get_ptr_mut(0) else {
-        return Switch { prev_id, prev_may_be_target: task_may_be_target(prev), next_may_be_target };
+        return Switch { prev_id, prev_may_be_target: prev_may_be_target(), next_may_be_target };
     };
     // SAFETY: this CPU's slot; the switch program does not nest with itself.
     let slot = unsafe { &mut *slot };
-    let prev_may_be_target = *slot != prev_id | OUTSIDE && task_may_be_target(prev);
+    let prev_may_be_target = *slot != prev_id | OUTSIDE && prev_may_be_target();
     let noted = *slot & !(HIDDEN_NOTE | OUTSIDE);
     if noted != 0 && noted != prev_id {
         // The task noted last left without a switch the kernel showed.
@@ -184,8 +189,8 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
 /// `task`'s `pid_tgid`, from its BTF fields (the offsets are known).
 #[inline(always)]
 fn task_pid_tgid(config: &Config, task: *const task_struct) -> u64 {
-    u64::from(task_field(task, config.task_tgid_offset)) << 32
-        | u64::from(task_field(task, config.task_pid_offset))
+    u64::from(task_field::<u32>(task, config.task_tgid_offset)) << 32
+        | u64::from(task_field::<u32>(task, config.task_pid_offset))
 }
 
 /// Whether process `tgid`'s events may be hidden from the programs. Run at every switch on the
