@@ -110,7 +110,7 @@ impl Runner<'_> {
             peer: peer_mb(theirs.map(|t| t.1)),
             ratio: theirs.map(|t| our_rss / t.1),
             goal: "< 40 MB".into(),
-            holds: Some(our_rss < 40.0),
+            holds: Some(our_rss < 40.0).into(),
         });
         self.rows.borrow_mut().push(Row {
             row: format!("tool CPU of a {SECONDS} s --all trace"),
@@ -119,7 +119,7 @@ impl Runner<'_> {
             peer: peer_s(theirs.map(|t| t.0)),
             ratio: theirs.map(|t| our_cpu / t.0),
             goal: "<= the peer's".into(),
-            holds: theirs.map(|t| our_cpu <= t.0),
+            holds: theirs.map(|t| our_cpu <= t.0).into(),
         });
         Ok(())
     }

@@ -167,7 +167,38 @@ struct Row {
     /// sysprof's figure over the peer's.
     ratio: Option<f64>,
     goal: String,
-    holds: Option<bool>,
+    holds: Holds,
+}
+
+/// The verdict on an added cost with a floor under it (`Runner::added_over_floor_row_of`).
+fn over_floor(ratio: Option<f64>, goal: f64, ours: f64, floor_slowest: f64) -> Holds {
+    match ratio {
+        None => Holds::Unjudged,
+        Some(r) if r <= goal => Holds::Yes,
+        Some(_) if ours <= floor_slowest => Holds::AtFloor,
+        Some(_) => Holds::No,
+    }
+}
+
+/// Whether a row's goal holds.
+enum Holds {
+    Yes,
+    No,
+    /// The goal's ratio is missed, but sysprof cannot be told from empty programs where its own
+    /// run (the floor, `floor.rs`): what is left is the kernel's cost of any program there.
+    AtFloor,
+    /// Nothing to judge against (the peer did not run).
+    Unjudged,
+}
+
+impl From<Option<bool>> for Holds {
+    fn from(holds: Option<bool>) -> Self {
+        match holds {
+            Some(true) => Holds::Yes,
+            Some(false) => Holds::No,
+            None => Holds::Unjudged,
+        }
+    }
 }
 
 fn print_summary(rows: &[Row]) {
@@ -187,9 +218,10 @@ fn print_summary(rows: &[Row]) {
             row.ratio.map_or("-".into(), |r| format!("{r:.3}")),
             row.goal,
             match row.holds {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "-",
+                Holds::Yes => "yes",
+                Holds::No => "NO",
+                Holds::AtFloor => "at the floor",
+                Holds::Unjudged => "-",
             }
         );
     }
@@ -594,7 +626,7 @@ impl Runner<'_> {
             peer: peer.map_or("-".into(), |(name, p)| format!("{name} {p:.3} s")),
             ratio: peer.map(|(_, p)| seconds / p),
             goal: format!("< {limit} s"),
-            holds: Some(seconds < limit),
+            holds: Some(seconds < limit).into(),
         });
     }
 
@@ -617,7 +649,7 @@ impl Runner<'_> {
                 "added time <= the peer's, or within the bare runs' noise (+{:.2}%)",
                 (slowest / bare - 1.0) * 100.0
             ),
-            holds: Some(ours <= peer || ours <= slowest),
+            holds: Some(ours <= peer || ours <= slowest).into(),
         });
     }
 
@@ -641,7 +673,36 @@ impl Runner<'_> {
             peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
             ratio,
             goal: format!("<= {goal}x bpftrace"),
-            holds: ratio.map(|r| r <= goal),
+            holds: ratio.map(|r| r <= goal).into(),
+        });
+    }
+
+    /// `added_row_of` for a cost with a floor under it (`floor_row_of`): where the ratio misses
+    /// `goal`, the row is at the floor when sysprof adds no more than the floor's slowest round
+    /// did. What sysprof's own code adds can then not be told from the noise of empty programs,
+    /// as a slowdown within the bare runs' noise cannot (`slowdown_row`), and what is left is
+    /// the kernel's cost of any program there, which no filter goes under.
+    fn added_over_floor_row_of(
+        &self,
+        row: &str,
+        bare: f64,
+        ours: f64,
+        theirs: Option<f64>,
+        goal: f64,
+        floor_slowest: f64,
+    ) {
+        let ratio = theirs.filter(|t| *t > 0.0).map(|theirs| ours.max(0.0) / theirs);
+        let holds = over_floor(ratio, goal, ours, floor_slowest);
+        self.rows.borrow_mut().push(Row {
+            row: row.into(),
+            bare: format!("{bare:.1} ns"),
+            sysprof: format!("{ours:+.1} ns"),
+            peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
+            ratio,
+            goal: format!(
+                "<= {goal}x bpftrace, or at the floor (within its slowest round, {floor_slowest:+.1} ns)"
+            ),
+            holds,
         });
     }
 
@@ -657,7 +718,7 @@ impl Runner<'_> {
             peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
             ratio,
             goal: "- (the kernel's cost of any program or event there)".into(),
-            holds: None,
+            holds: Holds::Unjudged,
         });
     }
 
@@ -934,6 +995,18 @@ fn tool_works(tool: &str, args: &[&str]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_over_the_goal_is_at_the_floor_only_within_the_floors_slowest_round() {
+        // Under the goal: holds, whatever the floor.
+        assert!(matches!(over_floor(Some(0.2), 0.25, 100.0, 50.0), Holds::Yes));
+        // Over it, but no more than empty programs added in their slowest round.
+        assert!(matches!(over_floor(Some(0.3), 0.25, 180.0, 190.0), Holds::AtFloor));
+        // Over it and over the floor's slowest round: sysprof's own code shows.
+        assert!(matches!(over_floor(Some(0.3), 0.25, 200.0, 190.0), Holds::No));
+        // No peer, no verdict.
+        assert!(matches!(over_floor(None, 0.25, 200.0, 190.0), Holds::Unjudged));
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {

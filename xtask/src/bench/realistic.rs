@@ -83,7 +83,7 @@ impl Runner<'_> {
                 peer: "-".into(),
                 ratio: None,
                 goal: format!("within the bare runs' noise (+{:.2}%)", noise * 100.0),
-                holds: Some(ours <= slowest),
+                holds: Some(ours <= slowest).into(),
             });
             rows.push(Row {
                 row: format!("{name}, default families: BPF time"),
@@ -92,7 +92,7 @@ impl Runner<'_> {
                 peer: "-".into(),
                 ratio: None,
                 goal: "< 1% of the CPU time available".into(),
-                holds: share.map(|s| s < 0.01),
+                holds: share.map(|s| s < 0.01).into(),
             });
         }
         Ok(())
