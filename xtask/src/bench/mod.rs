@@ -708,8 +708,9 @@ impl Runner<'_> {
 
     /// The floor under an `added_row_of`: what empty programs on the same tracepoints (and the
     /// target's fault events) add, and the lowest ratio to bpftrace that any program there
-    /// could reach (`floor.rs`).
-    fn floor_row_of(&self, row: &str, bare: f64, floor: f64, theirs: Option<f64>) {
+    /// could reach (`floor.rs`); `ours_above` is sysprof's figure minus the floor's, paired
+    /// round by round.
+    fn floor_row_of(&self, row: &str, bare: f64, floor: f64, theirs: Option<f64>, ours_above: f64) {
         let ratio = theirs.filter(|t| *t > 0.0).map(|theirs| floor.max(0.0) / theirs);
         self.rows.borrow_mut().push(Row {
             row: format!("{row}: empty programs and events where sysprof's are (the floor)"),
@@ -717,7 +718,10 @@ impl Runner<'_> {
             sysprof: format!("{floor:+.1} ns"),
             peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
             ratio,
-            goal: "- (the kernel's cost of any program or event there)".into(),
+            goal: format!(
+                "- (the kernel's cost of any program or event there; sysprof {ours_above:+.1} ns over it, \
+                 paired round by round)"
+            ),
             holds: Holds::Unjudged,
         });
     }

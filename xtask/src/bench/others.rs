@@ -204,7 +204,13 @@ impl Runner<'_> {
                 0.25,
                 floor.slowest - bare,
             );
-            self.floor_row_of(workload.row, bare, added(empty).unwrap_or(f64::NAN), added(bpftrace));
+            self.floor_row_of(
+                workload.row,
+                bare,
+                added(empty).unwrap_or(f64::NAN),
+                added(bpftrace),
+                floor.above,
+            );
         }
         Ok(())
     }
