@@ -201,12 +201,16 @@ fn more_busy_threads_than_cpus_is_named_first_and_the_time_model_adds_up() {
     // Each thread waits for a CPU about 3/4 of the time: the mean wait is the win.
     let wall = process["wall_s"].as_f64().unwrap();
     assert!(seconds(top) > 0.4 * wall && seconds(top) <= wall, "{top:#} in {wall} s");
-    // The time model: every thread's on-CPU and off-CPU time add up to at most its lifetime,
-    // and the CPU time is what the workload got.
+    // The time model: every thread's on-CPU time, what the hypervisor took while it was on a CPU
+    // and its off-CPU time add up to at most its lifetime, and the CPU time is what the
+    // workload got.
     let on = process["cpu_time_s"].as_f64().unwrap();
-    let off = process["offcpu_s"].as_f64().unwrap();
+    let (off, stolen) = (process["offcpu_s"].as_f64().unwrap(), process["stolen_s"].as_f64().unwrap());
     let lifetimes = wall * process["threads"].as_f64().unwrap();
-    assert!(on + off <= lifetimes * 1.02, "on {on} + off {off} over {lifetimes} thread-seconds");
+    assert!(
+        on + stolen + off <= lifetimes * 1.02,
+        "on {on} + stolen {stolen} + off {off} over {lifetimes} thread-seconds"
+    );
     let got = stdout.lines().find_map(|l| l.strip_prefix("cpu_ns=")).unwrap().parse::<f64>().unwrap() / 1e9;
     assert!((on / got - 1.0).abs() < 0.05, "sysprof {on} s of CPU, the workload got {got} s");
     // Samples never exceed what the frequency allows on every CPU for the run.
@@ -240,9 +244,12 @@ fn a_thousand_waking_threads_stay_within_physical_limits() {
     // The time model adds up: no thread has more on and off time than it lived.
     let limitations = report["limitations"].as_array().unwrap();
     assert!(!limitations.iter().any(|l| l.as_str().unwrap().contains("add up to")), "{limitations:#?}");
-    let off = process["offcpu_s"].as_f64().unwrap();
+    let (off, stolen) = (process["offcpu_s"].as_f64().unwrap(), process["stolen_s"].as_f64().unwrap());
     let lifetimes = process["wall_s"].as_f64().unwrap() * process["threads"].as_f64().unwrap();
-    assert!(on + off <= lifetimes * 1.02, "on {on} + off {off} over {lifetimes} thread-seconds");
+    assert!(
+        on + stolen + off <= lifetimes * 1.02,
+        "on {on} + stolen {stolen} + off {off} over {lifetimes} thread-seconds"
+    );
     assert!(markdown.contains("waiting for work"), "{markdown}");
 }
 

@@ -275,6 +275,7 @@ fn the_markdown_report_matches_its_golden_file() {
                         max_ns: 4_000_000,
                     }),
                     offcpu_s: 0.1,
+                    stolen_s: 0.0,
                     offcpu_by_reason: vec![sysprof::sched::ReasonTime {
                         reason: "preempted".into(),
                         seconds: 0.1,
@@ -287,6 +288,7 @@ fn the_markdown_report_matches_its_golden_file() {
                         voluntary_switches: 6,
                         involuntary_switches: 150,
                         offcpu_s: 0.05,
+                        stolen_s: 0.0,
                     }],
                 }],
                 utilization: 0.97,

@@ -14,12 +14,17 @@ pub struct ThreadSched {
     pub voluntary: u64,
     /// Switches out while runnable (preempted).
     pub involuntary: u64,
+    /// Time on a CPU, by the thread's own CPU clock (steal left out).
     pub oncpu_ns: u64,
     pub offcpu_ns: u64,
+    /// What the hypervisor took from the vCPU while the thread was on it (steal): the clock
+    /// between its switches ran, the thread did not. With `oncpu_ns` and `offcpu_ns`, the
+    /// thread's whole time since its first switch.
+    pub stolen_ns: u64,
     pub last_switch_in_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
-shared!(ThreadSched, 2 * 4 + 5 * 8 + TASK_COMM_LEN);
+shared!(ThreadSched, 2 * 4 + 6 * 8 + TASK_COMM_LEN);
 
 /// Key of off-CPU time: where a thread was (its stacks) and why (its state) when it left the CPU.
 #[repr(C)]

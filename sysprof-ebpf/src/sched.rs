@@ -227,11 +227,14 @@ fn account_switch_out(
     // loaded host's vCPU stops mid-stretch), which the thread never ran and its own CPU clock
     // leaves out (on a contended host a busy thread came out 9-19% over it). The scheduler's
     // count since the thread last left a CPU is its time on one since, steal left out; the
-    // stretch still bounds it where that began before the trace did.
-    thread.oncpu_ns += match runtime {
+    // stretch still bounds it where that began before the trace did. What the bound leaves out
+    // is kept apart, so that the thread's times still add up to its lifetime.
+    let ran = match runtime {
         Some(total) => stretch.min(total.saturating_sub(state.runtime_out_ns)),
         None => stretch,
     };
+    thread.oncpu_ns += ran;
+    thread.stolen_ns += stretch - ran;
     // A thread's last switch, as it exits (TASK_DEAD), is no wait: getrusage counts none.
     if involuntary {
         thread.involuntary += 1;
@@ -404,6 +407,7 @@ fn thread_sched(state: &TaskState, create: bool) -> Option<&'static mut ThreadSc
         involuntary: 0,
         oncpu_ns: 0,
         offcpu_ns: 0,
+        stolen_ns: 0,
         last_switch_in_ns: 0,
         comm: [0; TASK_COMM_LEN],
     };

@@ -68,6 +68,9 @@ pub struct ProcessSched {
     /// Wakeup (or preemption) to running.
     pub runq_latency: Option<Percentiles>,
     pub offcpu_s: f64,
+    /// What the hypervisor took from the CPUs while its threads were on them (steal): neither
+    /// its CPU time nor a wait of its own.
+    pub stolen_s: f64,
     /// Largest first.
     pub offcpu_by_reason: Vec<ReasonTime>,
     /// The busiest threads.
@@ -89,6 +92,7 @@ pub struct ThreadRow {
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
     pub offcpu_s: f64,
+    pub stolen_s: f64,
 }
 
 /// One off-CPU stack and the time spent blocked in it.
@@ -246,6 +250,7 @@ pub fn analyze(
                         voluntary_switches: t.voluntary,
                         involuntary_switches: t.involuntary,
                         offcpu_s: t.offcpu_ns as f64 / 1e9,
+                        stolen_s: t.stolen_ns as f64 / 1e9,
                     }
                 })
                 .collect();
@@ -254,6 +259,7 @@ pub fn analyze(
             let voluntary: u64 = thread_rows.iter().map(|t| t.voluntary_switches).sum();
             let involuntary: u64 = thread_rows.iter().map(|t| t.involuntary_switches).sum();
             let offcpu_s: f64 = thread_rows.iter().map(|t| t.offcpu_s).sum();
+            let stolen_s: f64 = thread_rows.iter().map(|t| t.stolen_s).sum();
             let mut by_reason: Vec<ReasonTime> = reasons
                 .remove(&pid)
                 .unwrap_or_default()
@@ -274,7 +280,7 @@ pub fn analyze(
             let lifetime_s = match processes.get(pid).is_some_and(|p| p.started_during_trace) {
                 true => thread_rows
                     .iter()
-                    .map(|t| t.cpu_time_s + t.offcpu_s)
+                    .map(|t| t.cpu_time_s + t.offcpu_s + t.stolen_s)
                     .fold(0.0, f64::max)
                     .min(wall_s)
                     .max(1e-9),
@@ -297,6 +303,7 @@ pub fn analyze(
                 involuntary_per_s: involuntary as f64 / lifetime_s,
                 runq_latency: runq.get(&pid).copied(),
                 offcpu_s,
+                stolen_s,
                 offcpu_by_reason: by_reason,
                 top_threads: thread_rows,
             }
@@ -429,6 +436,7 @@ mod tests {
             involuntary: 0,
             oncpu_ns: 500,
             offcpu_ns: 0,
+            stolen_ns: 0,
             last_switch_in_ns: 1_000,
             comm: [0; 16],
         };

@@ -226,6 +226,7 @@ mod tests {
             involuntary_per_s: 0.0,
             runq_latency: None,
             offcpu_s: disk_s,
+            stolen_s: 0.0,
             offcpu_by_reason: vec![ReasonTime { reason: "disk/uninterruptible I/O".into(), seconds: disk_s }],
             top_threads: vec![],
         }

@@ -37,16 +37,17 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
     report.lock_releases = lock_releases(&wakes);
     wakes.truncate(wakes::TOP_WAKES);
     report.wakes = wakes;
-    // The time model's check: a thread is on a CPU or off it, never both, and only while it
-    // lives; what is over is said, not hidden.
+    // The time model's check: a thread is on a CPU (running, or kept from it) or off it, never
+    // both, and only while it lives; what is over is said, not hidden.
     for process in &report.processes {
         let lifetimes = process.wall_s * process.threads.max(1) as f64;
-        let residue = process.cpu_time_s + process.offcpu_s - lifetimes;
+        let residue = process.cpu_time_s + process.stolen_s + process.offcpu_s - lifetimes;
         if residue > 0.02 * lifetimes + 0.001 {
             cx.limitations.push(format!(
-                "{} ({}): its threads' on-CPU {:.3} s and off-CPU {:.3} s add up to {residue:.3} s more than \
-                 their {lifetimes:.3} s in the trace: some of its scheduler events were missed",
-                process.name, process.pid, process.cpu_time_s, process.offcpu_s
+                "{} ({}): its threads' on-CPU {:.3} s (and {:.3} s kept from running on a CPU) and off-CPU \
+                 {:.3} s add up to {residue:.3} s more than their {lifetimes:.3} s in the trace: some of its \
+                 scheduler events were missed",
+                process.name, process.pid, process.cpu_time_s, process.stolen_s, process.offcpu_s
             ));
         }
     }
@@ -124,6 +125,7 @@ fn time_model(out: &mut String, sched: &SchedReport) {
     held_up.sort_by(|a, b| b.1.total_cmp(&a.1));
     let waiting: f64 = reasons.iter().filter(|(r, _)| !held(r)).map(|(_, s)| s).sum();
     let off: f64 = reasons.iter().map(|(_, s)| s).sum();
+    let stolen: f64 = sched.processes.iter().map(|p| p.stolen_s).sum();
     let share = |s: f64| percent(s / lifetimes);
     let mut parts = vec![format!("on a CPU {} ({})", format_ns((on * 1e9) as u64), share(on))];
     for (reason, seconds) in held_up {
@@ -133,7 +135,17 @@ fn time_model(out: &mut String, sched: &SchedReport) {
     if waiting > 0.0 {
         parts.push(format!("waiting for work {} ({})", format_ns((waiting * 1e9) as u64), share(waiting)));
     }
-    let unseen = lifetimes - on - off;
+    // A thread's CPU clock leaves out what its CPU did for others while it was on it: the
+    // hypervisor's steal in a VM, and interrupt work where the kernel accounts it apart.
+    // Named, like the unseen time below, from 1%.
+    if stolen > 0.01 * lifetimes {
+        parts.push(format!(
+            "on a CPU but kept from running (the hypervisor's steal, or interrupts) {} ({})",
+            format_ns((stolen * 1e9) as u64),
+            share(stolen)
+        ));
+    }
+    let unseen = lifetimes - on - off - stolen;
     if unseen > 0.01 * lifetimes {
         parts.push(format!(
             "asleep from before the trace to its first wakeup, its reason unseen {} ({})",
@@ -289,4 +301,49 @@ fn wait_for(out: &mut String, wakes: &[Wake]) {
         })
         .collect();
     table(out, &["Thread", "Reason", "Waited", "Wakeups", "Blocked in", "Woken by", "Waker's code"], &rows);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sched::{ProcessSched, ReasonTime};
+
+    /// One thread that lived 3 s: 2.5 s on a CPU by its own clock, 0.1 s preempted, and
+    /// `stolen_s` of its time on a CPU taken by the hypervisor.
+    fn one_thread(stolen_s: f64) -> SchedReport {
+        let process = ProcessSched {
+            pid: 7,
+            name: "busy".into(),
+            threads: 1,
+            cpu_time_s: 2.5,
+            wall_s: 3.0,
+            utilization: 2.5 / 3.0,
+            voluntary_switches: 0,
+            involuntary_switches: 10,
+            voluntary_per_s: 0.0,
+            involuntary_per_s: 3.3,
+            runq_latency: None,
+            offcpu_s: 0.1,
+            stolen_s,
+            offcpu_by_reason: vec![ReasonTime { reason: "preempted".into(), seconds: 0.1 }],
+            top_threads: vec![],
+        };
+        SchedReport { processes: vec![process], ..SchedReport::default() }
+    }
+
+    #[test]
+    fn steal_is_named_apart_and_not_taken_for_a_sleep_unseen() {
+        let mut out = String::new();
+        time_model(&mut out, &one_thread(0.4));
+        assert!(
+            out.contains("kept from running (the hypervisor's steal, or interrupts) 400.00 ms (13.3%)"),
+            "{out}"
+        );
+        assert!(!out.contains("unseen"), "{out}");
+        // Without steal, the same 0.4 s is time no event covered.
+        let mut out = String::new();
+        time_model(&mut out, &one_thread(0.0));
+        assert!(!out.contains("steal"), "{out}");
+        assert!(out.contains("its reason unseen 400.00 ms (13.3%)"), "{out}");
+    }
 }
