@@ -170,13 +170,14 @@ struct Row {
     holds: Holds,
 }
 
-/// The verdict on an added cost with a floor under it (`Runner::added_over_floor_row_of`).
-fn over_floor(ratio: Option<f64>, goal: f64, ours: f64, floor_slowest: f64) -> Holds {
-    match ratio {
-        None => Holds::Unjudged,
-        Some(r) if r <= goal => Holds::Yes,
-        Some(_) if ours <= floor_slowest => Holds::AtFloor,
-        Some(_) => Holds::No,
+/// The verdict on an added cost with a floor under it (`Runner::added_over_floor_row_of`): the
+/// ratios of sysprof's figure and of the floor's to the peer's.
+fn over_floor(ratio: Option<f64>, floor_ratio: Option<f64>, goal: f64) -> Holds {
+    match (ratio, floor_ratio) {
+        (None, _) => Holds::Unjudged,
+        (Some(r), _) if r <= goal => Holds::Yes,
+        (_, Some(floor)) if floor > goal => Holds::FloorOver,
+        _ => Holds::No,
     }
 }
 
@@ -184,9 +185,9 @@ fn over_floor(ratio: Option<f64>, goal: f64, ours: f64, floor_slowest: f64) -> H
 enum Holds {
     Yes,
     No,
-    /// The goal's ratio is missed, but sysprof cannot be told from empty programs where its own
-    /// run (the floor, `floor.rs`): what is left is the kernel's cost of any program there.
-    AtFloor,
+    /// The goal's ratio is missed, and empty programs where sysprof's run (the floor,
+    /// `floor.rs`) missed it too: in this run no program there could have met it.
+    FloorOver,
     /// Nothing to judge against (the peer did not run).
     Unjudged,
 }
@@ -220,7 +221,7 @@ fn print_summary(rows: &[Row]) {
             match row.holds {
                 Holds::Yes => "yes",
                 Holds::No => "NO",
-                Holds::AtFloor => "at the floor",
+                Holds::FloorOver => "NO, nor the floor",
                 Holds::Unjudged => "-",
             }
         );
@@ -677,11 +678,9 @@ impl Runner<'_> {
         });
     }
 
-    /// `added_row_of` for a cost with a floor under it (`floor_row_of`): where the ratio misses
-    /// `goal`, the row is at the floor when sysprof adds no more than the floor's slowest round
-    /// did. What sysprof's own code adds can then not be told from the noise of empty programs,
-    /// as a slowdown within the bare runs' noise cannot (`slowdown_row`), and what is left is
-    /// the kernel's cost of any program there, which no filter goes under.
+    /// `added_row_of` for a cost with a floor under it (`floor_row_of`, what empty programs
+    /// there add): where sysprof misses `goal`, the row says whether the floor missed it too,
+    /// which no program there could have gone under in this run.
     fn added_over_floor_row_of(
         &self,
         row: &str,
@@ -689,10 +688,11 @@ impl Runner<'_> {
         ours: f64,
         theirs: Option<f64>,
         goal: f64,
-        floor_slowest: f64,
+        floor: f64,
     ) {
-        let ratio = theirs.filter(|t| *t > 0.0).map(|theirs| ours.max(0.0) / theirs);
-        let holds = over_floor(ratio, goal, ours, floor_slowest);
+        let ratio_of = |cost: f64| theirs.filter(|t| *t > 0.0).map(|theirs| cost.max(0.0) / theirs);
+        let (ratio, floor_ratio) = (ratio_of(ours), ratio_of(floor));
+        let holds = over_floor(ratio, floor_ratio, goal);
         self.rows.borrow_mut().push(Row {
             row: row.into(),
             bare: format!("{bare:.1} ns"),
@@ -700,7 +700,8 @@ impl Runner<'_> {
             peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
             ratio,
             goal: format!(
-                "<= {goal}x bpftrace, or at the floor (within its slowest round, {floor_slowest:+.1} ns)"
+                "<= {goal}x bpftrace (the floor: {})",
+                floor_ratio.map_or("-".into(), |r| format!("{r:.3}x"))
             ),
             holds,
         });
@@ -1001,15 +1002,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cost_over_the_goal_is_at_the_floor_only_within_the_floors_slowest_round() {
+    fn a_missed_goal_is_the_floors_only_when_empty_programs_missed_it_too() {
         // Under the goal: holds, whatever the floor.
-        assert!(matches!(over_floor(Some(0.2), 0.25, 100.0, 50.0), Holds::Yes));
-        // Over it, but no more than empty programs added in their slowest round.
-        assert!(matches!(over_floor(Some(0.3), 0.25, 180.0, 190.0), Holds::AtFloor));
-        // Over it and over the floor's slowest round: sysprof's own code shows.
-        assert!(matches!(over_floor(Some(0.3), 0.25, 200.0, 190.0), Holds::No));
+        assert!(matches!(over_floor(Some(0.2), Some(0.3), 0.25), Holds::Yes));
+        // Over it, and so were empty programs: no program there could have met it.
+        assert!(matches!(over_floor(Some(0.3), Some(0.26), 0.25), Holds::FloorOver));
+        // Over it where empty programs were under it: sysprof's own code shows.
+        assert!(matches!(over_floor(Some(0.3), Some(0.2), 0.25), Holds::No));
+        assert!(matches!(over_floor(Some(0.3), None, 0.25), Holds::No));
         // No peer, no verdict.
-        assert!(matches!(over_floor(None, 0.25, 200.0, 190.0), Holds::Unjudged));
+        assert!(matches!(over_floor(None, Some(0.3), 0.25), Holds::Unjudged));
     }
 
     #[test]

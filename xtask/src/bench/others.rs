@@ -46,14 +46,6 @@ enum How {
     EmptyPrograms,
 }
 
-/// The empty programs' figures for one workload, beside sysprof's.
-struct FloorOf {
-    /// The floor's slowest round: how far empty programs alone stray.
-    slowest: f64,
-    /// The median, over rounds, of sysprof's figure minus the floor's in the same round.
-    above: f64,
-}
-
 /// What a tool leaves attached while the workloads run.
 enum Attached {
     Nothing,
@@ -166,34 +158,28 @@ impl Runner<'_> {
         let (empty, sysprof, bpftrace) = (1, 2, 3);
         // Round by round, before the medians sort the values: sysprof and the empty programs
         // ran next to each other in every round, so their difference there is what sysprof's
-        // own code adds, with less of the noise between rounds in it.
-        let floors: Vec<FloorOf> = (0..workloads.len())
-            .map(|w| FloorOf {
-                slowest: values[empty][w].iter().copied().fold(f64::NAN, f64::max),
-                above: median(
-                    &mut values[sysprof][w]
-                        .iter()
-                        .zip(&values[empty][w])
-                        .map(|(s, e)| s - e)
-                        .collect::<Vec<_>>(),
-                ),
+        // own code adds, with less of the noise between rounds in it (the median over rounds).
+        let above_floor: Vec<f64> = (0..workloads.len())
+            .map(|w| {
+                let mut differences: Vec<f64> =
+                    values[sysprof][w].iter().zip(&values[empty][w]).map(|(s, e)| s - e).collect();
+                median(&mut differences)
             })
             .collect();
         let medians: Vec<Vec<f64>> =
             values.iter_mut().map(|per_tool| per_tool.iter_mut().map(|v| median(v)).collect()).collect();
-        for (w, (workload, floor)) in workloads.iter().zip(&floors).enumerate() {
+        for (w, (workload, above_floor)) in workloads.iter().zip(above_floor).enumerate() {
             let bare = medians[0][w];
             let added = |tool: usize| medians.get(tool).map(|m| m[w] - bare);
             let shown = |tool: usize| added(tool).map_or("-".into(), |a| format!("{a:.1}"));
             println!(
-                "{}: bare {bare:.1} {}; empty programs add {} (their slowest round {:.1}); sysprof adds {} \
+                "{}: bare {bare:.1} {}; empty programs add {}; sysprof adds {} \
                  ({:+.1} over the empty programs, round by round); bpftrace adds {}",
                 workload.row,
                 workload.unit,
                 shown(empty),
-                floor.slowest - bare,
                 shown(sysprof),
-                floor.above,
+                above_floor,
                 shown(bpftrace)
             );
             self.added_over_floor_row_of(
@@ -202,14 +188,14 @@ impl Runner<'_> {
                 added(sysprof).unwrap_or(f64::NAN),
                 added(bpftrace),
                 0.25,
-                floor.slowest - bare,
+                added(empty).unwrap_or(f64::NAN),
             );
             self.floor_row_of(
                 workload.row,
                 bare,
                 added(empty).unwrap_or(f64::NAN),
                 added(bpftrace),
-                floor.above,
+                above_floor,
             );
         }
         Ok(())
