@@ -46,6 +46,18 @@ enum Task {
     },
     /// Measure sysprof's overhead beside perf (and bpftrace) on the same workload, in one run
     Bench(bench::BenchArgs),
+    /// Run a command with empty programs on uprobes (the bench's floor for probed calls)
+    #[command(hide = true)]
+    EmptyUprobes {
+        /// PATH:SYMBOL whose entry is probed (repeatable)
+        #[arg(long = "entry")]
+        entries: Vec<String>,
+        /// PATH:SYMBOL whose return is probed (repeatable)
+        #[arg(long = "return")]
+        returns: Vec<String>,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,6 +79,9 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => {
             let binary = build_release(&root)?;
             bench::run(&root, &binary, &args)
+        }
+        Task::EmptyUprobes { entries, returns, command } => {
+            bench::run_with_empty_uprobes(&entries, &returns, &command)
         }
     }
 }

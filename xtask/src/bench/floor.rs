@@ -7,6 +7,10 @@
 //! figure minus this one is what its own code adds, and this one over bpftrace's is the lowest
 //! ratio any program on these tracepoints could reach.
 //!
+//! The same holds for probed functions: empty programs on sysprof's uprobes measure the trap
+//! each probed call and return takes (`cargo xtask empty-uprobes`, which the uprobe and heap
+//! benchmarks run as a tool of their own), the cost no uprobe tool goes under.
+//!
 //! The programs are built and loaded here with the bare `bpf(2)` calls, not from an object: two
 //! instructions need no compiler, and the bench needs nothing of sysprof's to measure under it.
 
@@ -27,6 +31,7 @@ pub(super) struct EmptyPrograms {
 
 const BPF_PROG_LOAD: libc::c_int = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_int = 17;
+const BPF_PROG_TYPE_KPROBE: u32 = 2;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
 const BPF_TRACE_RAW_TP: u32 = 23;
 
@@ -96,11 +101,107 @@ impl EmptyPrograms {
     }
 }
 
+/// Runs `command` (its output and status its own) with empty programs on the entries of
+/// `entries` and the returns of `returns`, each `PATH:SYMBOL`; they are detached as it ends.
+pub(crate) fn run_with_empty_uprobes(
+    entries: &[String],
+    returns: &[String],
+    command: &[String],
+) -> anyhow::Result<()> {
+    let program = load_empty(BPF_PROG_TYPE_KPROBE, 0, 0).context("loading an empty uprobe program")?;
+    let pmu = read_number("/sys/bus/event_source/devices/uprobe/type")
+        .context("the kernel's uprobe event source (CONFIG_UPROBE_EVENTS)")?;
+    let mut events = Vec::new();
+    for (spec, is_return) in entries.iter().map(|e| (e, false)).chain(returns.iter().map(|r| (r, true))) {
+        let (path, symbol) =
+            spec.rsplit_once(':').with_context(|| format!("{spec}: expected PATH:SYMBOL"))?;
+        let offset = file_offset(path, symbol)?;
+        events.push(
+            uprobe_event(pmu, path, offset, is_return, &program)
+                .with_context(|| format!("probing {spec}"))?,
+        );
+    }
+    let (program_name, arguments) = command.split_first().context("no command to run")?;
+    let status = std::process::Command::new(program_name).args(arguments).status()?;
+    drop(events);
+    if !status.success() {
+        bail!("{program_name} ended with {status}");
+    }
+    Ok(())
+}
+
+/// The file offset of `symbol`'s code in the ELF file at `path` (what a uprobe is placed by).
+fn file_offset(path: &str, symbol: &str) -> anyhow::Result<u64> {
+    use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+    let data = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+    let file = object::File::parse(&*data).with_context(|| format!("parsing {path}"))?;
+    let address = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| s.is_definition() && s.name() == Ok(symbol))
+        .map(|s| s.address())
+        .with_context(|| format!("no {symbol} in {path}"))?;
+    file.segments()
+        .find_map(|segment| {
+            let (start, size) = segment.file_range();
+            let offset = address.checked_sub(segment.address())?;
+            (offset < size).then_some(start + offset)
+        })
+        .with_context(|| format!("{symbol} of {path} is in no loaded segment"))
+}
+
+/// A uprobe (or uretprobe) at `offset` of `path` on every process, running `program`.
+fn uprobe_event(
+    pmu: u64,
+    path: &str,
+    offset: u64,
+    is_return: bool,
+    program: &OwnedFd,
+) -> anyhow::Result<OwnedFd> {
+    use std::os::fd::AsRawFd as _;
+    let path = std::ffi::CString::new(path)?;
+    let attr = PerfEventAttr {
+        kind: pmu as u32,
+        size: size_of::<PerfEventAttr>() as u32,
+        // The uprobe source's `retprobe` format bit (config:0).
+        config: u64::from(is_return),
+        config1: path.as_ptr() as u64,
+        config2: offset,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is a live `perf_event_attr` of the size it states, its path a live C
+    // string; every process (pid -1) is probed, which the kernel takes with a CPU (0) given.
+    let event = new_fd(unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttr,
+            -1,
+            0,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    })?;
+    // SAFETY: ioctls on the event just opened, with the program's fd as their argument.
+    if unsafe { libc::ioctl(event.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, program.as_raw_fd()) } != 0 {
+        bail!("attaching the program: {}", std::io::Error::last_os_error());
+    }
+    Ok(event)
+}
+
+fn read_number(path: &str) -> anyhow::Result<u64> {
+    Ok(std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?.trim().parse()?)
+}
+
 fn load(btf_id: u32) -> anyhow::Result<OwnedFd> {
+    load_empty(BPF_PROG_TYPE_TRACING, BPF_TRACE_RAW_TP, btf_id)
+}
+
+/// An empty program of `prog_type`.
+fn load_empty(prog_type: u32, expected_attach_type: u32, attach_btf_id: u32) -> anyhow::Result<OwnedFd> {
     let license = c"GPL";
     let mut log = vec![0u8; 4096];
     let attr = ProgLoad {
-        prog_type: BPF_PROG_TYPE_TRACING,
+        prog_type,
         insn_cnt: EMPTY.len() as u32,
         insns: EMPTY.as_ptr() as u64,
         license: license.as_ptr() as u64,
@@ -108,8 +209,8 @@ fn load(btf_id: u32) -> anyhow::Result<OwnedFd> {
         log_size: log.len() as u32,
         log_buf: log.as_mut_ptr() as u64,
         prog_name: *b"bench_empty\0\0\0\0\0",
-        expected_attach_type: BPF_TRACE_RAW_TP,
-        attach_btf_id: btf_id,
+        expected_attach_type,
+        attach_btf_id,
         ..Default::default()
     };
     bpf(BPF_PROG_LOAD, &attr).map_err(|error| {
@@ -130,8 +231,14 @@ const PERF_COUNT_SW_PAGE_FAULTS_MAJ: u64 = 6;
 /// `perf_event_attr.inherit`: the children's faults count too.
 const INHERIT: u64 = 1 << 1;
 
-/// The first version of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER0`), all a counting
-/// software event needs.
+/// `perf_event_open`'s flag for a close-on-exec fd: the measured command inherits none.
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+
+/// `_IOW('$', 8, __u32)`: runs a BPF program at each of the event's hits.
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+
+/// The second version of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER1`), all a counting
+/// software event and a uprobe need.
 #[repr(C)]
 #[derive(Default)]
 struct PerfEventAttr {
@@ -144,7 +251,10 @@ struct PerfEventAttr {
     flags: u64,
     wakeup_events: u32,
     bp_type: u32,
-    bp_addr: u64,
+    /// `bp_addr`, or a uprobe's path.
+    config1: u64,
+    /// `bp_len`, or a uprobe's offset in its file.
+    config2: u64,
 }
 
 /// A counting event for `pid`'s software event `config`, on whichever CPU it runs.

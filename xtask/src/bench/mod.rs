@@ -19,6 +19,8 @@ mod footprint;
 mod others;
 mod realistic;
 
+pub(crate) use floor::run_with_empty_uprobes;
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Which benchmark (all of them, and the summary table, by default)
@@ -90,6 +92,24 @@ struct Measured {
     wall_ns: f64,
     /// Every run's figure, in the order they ran.
     runs: Vec<f64>,
+}
+
+/// The configuration with empty programs on the uprobes (`floor.rs`).
+const EMPTY_UPROBES: &str = "empty programs";
+
+/// `workload` run by `cargo xtask empty-uprobes` (this program), with empty programs on the
+/// entries of `entries` and the returns of `returns` (`PATH:SYMBOL`).
+fn empty_uprobes_config(entries: &[&str], returns: &[&str], workload: &[String]) -> anyhow::Result<Config> {
+    let mut argv = vec![std::env::current_exe()?.display().to_string(), "empty-uprobes".into()];
+    for entry in entries {
+        argv.extend(["--entry".into(), entry.to_string()]);
+    }
+    for ret in returns {
+        argv.extend(["--return".into(), ret.to_string()]);
+    }
+    argv.push("--".into());
+    argv.extend(workload.iter().cloned());
+    Ok(Config { name: EMPTY_UPROBES.into(), argv })
 }
 
 /// bpftrace's equivalent of sysprof's syscall tracing: latency histogram per syscall id.
@@ -345,6 +365,7 @@ impl Runner<'_> {
         let mut configs = vec![
             Config { name: "bare".into(), argv: workload.clone() },
             self.sysprof_config("sysprof --func", &["--focus", "gpu", "--func", &func], &workload),
+            empty_uprobes_config(&[&func], &[&func], &workload)?,
         ];
         let script = format!(
             "uprobe:{binary}:probed_function {{ @start[tid] = nsecs; }}\n\
@@ -355,6 +376,7 @@ impl Runner<'_> {
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per call");
         self.added_row(&measured, "sysprof --func", "uprobe: ns added per probed call", 1.0);
+        self.trap_floor_row(&measured, "sysprof --func", "uprobe: ns added per probed call");
         Ok(())
     }
 
@@ -366,6 +388,11 @@ impl Runner<'_> {
             Config { name: "bare".into(), argv: workload.clone() },
             self.sysprof_config("sysprof --focus memory", &["--focus", "memory"], &workload),
             self.sysprof_config("sysprof --malloc", &["--focus", "memory", "--malloc"], &workload),
+            empty_uprobes_config(
+                &[&format!("{libc}:malloc"), &format!("{libc}:free")],
+                &[&format!("{libc}:malloc")],
+                &workload,
+            )?,
         ];
         let script = format!(
             "uprobe:{libc}:malloc /pid == cpid/ {{ @size[tid] = arg0; }}\n\
@@ -378,6 +405,7 @@ impl Runner<'_> {
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per malloc/free pair");
         self.added_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free", 1.0);
+        self.trap_floor_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free");
         Ok(())
     }
 
@@ -725,6 +753,17 @@ impl Runner<'_> {
             ),
             holds: Holds::Unjudged,
         });
+    }
+
+    /// The floor under a probed-call row (`row`): what empty programs on the same uprobes add,
+    /// the traps every uprobe tool pays, and `ours`'s figure over it, paired round by round.
+    fn trap_floor_row(&self, measured: &[Measured], ours: &str, row: &str) {
+        let by_name = |name: &str| measured.iter().find(|m| m.name == name);
+        let (Some(ours), Some(empty)) = (by_name(ours), by_name(EMPTY_UPROBES)) else { return };
+        let bare = measured[0].metric;
+        let mut differences: Vec<f64> = ours.runs.iter().zip(&empty.runs).map(|(o, e)| o - e).collect();
+        let theirs = find(measured, "bpftrace").map(|theirs| theirs - bare);
+        self.floor_row_of(row, bare, empty.metric - bare, theirs, median(&mut differences));
     }
 
     fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {
