@@ -190,8 +190,20 @@ struct Row {
     holds: Holds,
 }
 
-/// The verdict on an added cost with a floor under it (`Runner::added_over_floor_row_of`): the
-/// ratios of sysprof's figure and of the floor's to the peer's.
+/// `cost` over the peer's added cost `theirs`, when the peer ran and added some.
+fn ratio_to(cost: f64, theirs: Option<f64>) -> Option<f64> {
+    theirs.filter(|t| *t > 0.0).map(|theirs| cost.max(0.0) / theirs)
+}
+
+/// The median over rounds of `ours` minus `floor` in the same round (both in the order the
+/// rounds ran): what sysprof adds over the floor, with less of the noise between rounds in it.
+fn paired_median(ours: &[f64], floor: &[f64]) -> f64 {
+    let mut differences: Vec<f64> = ours.iter().zip(floor).map(|(o, f)| o - f).collect();
+    median(&mut differences)
+}
+
+/// The verdict on an added cost (`Runner::added_row_of`): the ratios of sysprof's figure and,
+/// where there is one, of the floor's to the peer's.
 fn over_floor(ratio: Option<f64>, floor_ratio: Option<f64>, goal: f64) -> Holds {
     match (ratio, floor_ratio) {
         (None, _) => Holds::Unjudged,
@@ -688,50 +700,38 @@ impl Runner<'_> {
         let bare = measured[0].metric;
         let Some(ours) = find(measured, name) else { return };
         let theirs = find(measured, "bpftrace").map(|theirs| theirs - bare);
-        self.added_row_of(row, bare, ours - bare, theirs, goal);
+        self.added_row_of(row, bare, ours - bare, theirs, goal, None);
     }
 
     /// A summary row of `ours` ns added per operation (to `bare` ns) next to bpftrace's
-    /// `theirs`, when it ran; the goal is at most `goal` times bpftrace's.
-    fn added_row_of(&self, row: &str, bare: f64, ours: f64, theirs: Option<f64>, goal: f64) {
-        let ratio = theirs.filter(|t| *t > 0.0).map(|theirs| ours.max(0.0) / theirs);
-        self.rows.borrow_mut().push(Row {
-            row: row.into(),
-            bare: format!("{bare:.1} ns"),
-            sysprof: format!("{ours:+.1} ns"),
-            peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
-            ratio,
-            goal: format!("<= {goal}x bpftrace"),
-            holds: ratio.map(|r| r <= goal).into(),
-        });
-    }
-
-    /// `added_row_of` for a cost with a floor under it (`floor_row_of`, what empty programs
-    /// there add): where sysprof misses `goal`, the row says whether the floor missed it too,
-    /// which no program there could have gone under in this run.
-    fn added_over_floor_row_of(
+    /// `theirs`, when it ran; the goal is at most `goal` times bpftrace's. With a `floor` under
+    /// it (`floor_row_of`, what empty programs there add), a missed goal says whether the floor
+    /// missed it too, which no program there could have gone under in this run.
+    fn added_row_of(
         &self,
         row: &str,
         bare: f64,
         ours: f64,
         theirs: Option<f64>,
         goal: f64,
-        floor: f64,
+        floor: Option<f64>,
     ) {
-        let ratio_of = |cost: f64| theirs.filter(|t| *t > 0.0).map(|theirs| cost.max(0.0) / theirs);
-        let (ratio, floor_ratio) = (ratio_of(ours), ratio_of(floor));
-        let holds = over_floor(ratio, floor_ratio, goal);
+        let ratio = ratio_to(ours, theirs);
+        let floor_ratio = floor.and_then(|floor| ratio_to(floor, theirs));
         self.rows.borrow_mut().push(Row {
             row: row.into(),
             bare: format!("{bare:.1} ns"),
             sysprof: format!("{ours:+.1} ns"),
             peer: theirs.map_or("-".into(), |theirs| format!("bpftrace {theirs:+.1} ns")),
             ratio,
-            goal: format!(
-                "<= {goal}x bpftrace (the floor: {})",
-                floor_ratio.map_or("-".into(), |r| format!("{r:.3}x"))
-            ),
-            holds,
+            goal: match floor {
+                Some(_) => format!(
+                    "<= {goal}x bpftrace (the floor: {})",
+                    floor_ratio.map_or("-".into(), |r| format!("{r:.3}x"))
+                ),
+                None => format!("<= {goal}x bpftrace"),
+            },
+            holds: over_floor(ratio, floor_ratio, goal),
         });
     }
 
@@ -740,7 +740,7 @@ impl Runner<'_> {
     /// could reach (`floor.rs`); `ours_above` is sysprof's figure minus the floor's, paired
     /// round by round.
     fn floor_row_of(&self, row: &str, bare: f64, floor: f64, theirs: Option<f64>, ours_above: f64) {
-        let ratio = theirs.filter(|t| *t > 0.0).map(|theirs| floor.max(0.0) / theirs);
+        let ratio = ratio_to(floor, theirs);
         self.rows.borrow_mut().push(Row {
             row: format!("{row}: empty programs and events where sysprof's are (the floor)"),
             bare: format!("{bare:.1} ns"),
@@ -761,9 +761,8 @@ impl Runner<'_> {
         let by_name = |name: &str| measured.iter().find(|m| m.name == name);
         let (Some(ours), Some(empty)) = (by_name(ours), by_name(EMPTY_UPROBES)) else { return };
         let bare = measured[0].metric;
-        let mut differences: Vec<f64> = ours.runs.iter().zip(&empty.runs).map(|(o, e)| o - e).collect();
         let theirs = find(measured, "bpftrace").map(|theirs| theirs - bare);
-        self.floor_row_of(row, bare, empty.metric - bare, theirs, median(&mut differences));
+        self.floor_row_of(row, bare, empty.metric - bare, theirs, paired_median(&ours.runs, &empty.runs));
     }
 
     fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {

@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail};
 use super::{
     Runner, build_workload,
     floor::{EmptyPrograms, SHARED_TRACEPOINTS},
-    median, tool_works,
+    median, paired_median, tool_works,
 };
 
 /// The workloads that are not the target: name, what the figure is, the command.
@@ -157,15 +157,9 @@ impl Runner<'_> {
         eprintln!();
         let (empty, sysprof, bpftrace) = (1, 2, 3);
         // Round by round, before the medians sort the values: sysprof and the empty programs
-        // ran next to each other in every round, so their difference there is what sysprof's
-        // own code adds, with less of the noise between rounds in it (the median over rounds).
-        let above_floor: Vec<f64> = (0..workloads.len())
-            .map(|w| {
-                let mut differences: Vec<f64> =
-                    values[sysprof][w].iter().zip(&values[empty][w]).map(|(s, e)| s - e).collect();
-                median(&mut differences)
-            })
-            .collect();
+        // ran next to each other in every round.
+        let above_floor: Vec<f64> =
+            (0..workloads.len()).map(|w| paired_median(&values[sysprof][w], &values[empty][w])).collect();
         let medians: Vec<Vec<f64>> =
             values.iter_mut().map(|per_tool| per_tool.iter_mut().map(|v| median(v)).collect()).collect();
         for (w, (workload, above_floor)) in workloads.iter().zip(above_floor).enumerate() {
@@ -182,13 +176,13 @@ impl Runner<'_> {
                 above_floor,
                 shown(bpftrace)
             );
-            self.added_over_floor_row_of(
+            self.added_row_of(
                 workload.row,
                 bare,
                 added(sysprof).unwrap_or(f64::NAN),
                 added(bpftrace),
                 0.25,
-                added(empty).unwrap_or(f64::NAN),
+                Some(added(empty).unwrap_or(f64::NAN)),
             );
             self.floor_row_of(
                 workload.row,
