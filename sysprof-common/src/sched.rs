@@ -17,8 +17,9 @@ pub struct ThreadSched {
     /// Time on a CPU, by the thread's own CPU clock (steal left out).
     pub oncpu_ns: u64,
     pub offcpu_ns: u64,
-    /// What the hypervisor took from the vCPU while the thread was on it (steal): the clock
-    /// between its switches ran, the thread did not. With `oncpu_ns` and `offcpu_ns`, the
+    /// What the hypervisor took from the vCPU while the thread was on it (steal; and interrupt
+    /// time, where the kernel accounts it apart): the clock between its switches ran, the
+    /// thread did not. With `oncpu_ns` and `offcpu_ns`, the
     /// thread's whole time since its first switch.
     pub stolen_ns: u64,
     pub last_switch_in_ns: u64,

@@ -68,8 +68,9 @@ pub struct ProcessSched {
     /// Wakeup (or preemption) to running.
     pub runq_latency: Option<Percentiles>,
     pub offcpu_s: f64,
-    /// What the hypervisor took from the CPUs while its threads were on them (steal): neither
-    /// its CPU time nor a wait of its own.
+    /// What the hypervisor took from the CPUs while its threads were on them (steal; and
+    /// interrupt time, where the kernel accounts it apart): neither its CPU time nor a wait of
+    /// its own.
     pub stolen_s: f64,
     /// Largest first.
     pub offcpu_by_reason: Vec<ReasonTime>,
