@@ -236,11 +236,11 @@ fn a_thousand_waking_threads_stay_within_physical_limits() {
         report["sched"]["processes"].as_array().unwrap().iter().find(|p| p["name"] == "sysload").unwrap();
     let on = process["cpu_time_s"].as_f64().unwrap();
     assert!(on <= cpus * duration * 1.02, "{on} s of CPU in {duration} s on {cpus} CPUs: {process:#}");
-    // What the process itself got (its CPU clock): sysprof's on-CPU time is that, give or take
-    // the switches' own cost (measured: 2.8% under on an idle machine, 10.6% under on a loaded
-    // one; the trace's window alone had it at 3.5 times the CPUs' limit).
+    // What the process itself got (its CPU clock): sysprof's on-CPU time is the scheduler's
+    // count of it. Bounded by sysprof's own clock at every switch instead, it came out 22% under
+    // (the kernel charges a switch's path to the arriving thread before that clock reads).
     let got = stdout.lines().find_map(|l| l.strip_prefix("cpu_ns=")).unwrap().parse::<f64>().unwrap() / 1e9;
-    assert!((on / got - 1.0).abs() < 0.15, "sysprof {on} s of CPU, the process got {got} s");
+    assert!((on / got - 1.0).abs() < 0.05, "sysprof {on} s of CPU, the process got {got} s");
     // The time model adds up: no thread has more on and off time than it lived.
     let limitations = report["limitations"].as_array().unwrap();
     assert!(!limitations.iter().any(|l| l.as_str().unwrap().contains("add up to")), "{limitations:#?}");
@@ -251,6 +251,48 @@ fn a_thousand_waking_threads_stay_within_physical_limits() {
         "on {on} + stolen {stolen} + off {off} over {lifetimes} thread-seconds"
     );
     assert!(markdown.contains("waiting for work"), "{markdown}");
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_ping_pong_s_cpu_time_is_its_cpu_clock_and_its_time_model_adds_up() {
+    let Some(_guard) = root_guard("a_ping_pong_s_cpu_time_is_its_cpu_clock_and_its_time_model_adds_up")
+    else {
+        return;
+    };
+    // Two processes handing a byte back and forth: a switch every few microseconds, where a
+    // switch's own path is a large share of each side's time (bounded by sysprof's own clock at
+    // every switch, their on-CPU time came out 27% under their CPU clock).
+    let (report, stdout, markdown) = trace("sysload", &["pingpong", "100000"]);
+    let ends: Vec<&Value> =
+        report["sched"]["processes"].as_array().unwrap().iter().filter(|p| p["name"] == "sysload").collect();
+    assert_eq!(ends.len(), 2, "{:#}", report["sched"]);
+    let on: f64 = ends.iter().map(|p| p["cpu_time_s"].as_f64().unwrap()).sum();
+    let got = stdout.lines().find_map(|l| l.strip_prefix("cpu_ns=")).unwrap().parse::<f64>().unwrap() / 1e9;
+    assert!((on / got - 1.0).abs() < 0.05, "sysprof {on} s of CPU, the two processes got {got} s");
+    for end in &ends {
+        let (on, off, stolen) = (
+            end["cpu_time_s"].as_f64().unwrap(),
+            end["offcpu_s"].as_f64().unwrap(),
+            end["stolen_s"].as_f64().unwrap(),
+        );
+        let reasons: f64 =
+            end["offcpu_by_reason"].as_array().unwrap().iter().map(|r| r["seconds"].as_f64().unwrap()).sum();
+        let lifetime = end["wall_s"].as_f64().unwrap();
+        assert!(
+            on + stolen + off <= lifetime * 1.02,
+            "on {on} + stolen {stolen} + off {off} over {lifetime} s"
+        );
+        assert!(reasons <= off * 1.001 + 1e-6, "the waits by reason {reasons} s, off-CPU {off} s: {end:#}");
+    }
+    // The time model's shares add up to at most the whole.
+    let model = markdown.lines().find(|l| l.starts_with("Where the")).unwrap_or_else(|| panic!("{markdown}"));
+    let shares: f64 = model
+        .split('(')
+        .skip(1)
+        .filter_map(|part| part.split_once("%)").and_then(|(share, _)| share.parse::<f64>().ok()))
+        .sum();
+    assert!(shares <= 100.5, "{shares}%: {model}");
 }
 
 #[test]

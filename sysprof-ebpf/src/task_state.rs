@@ -35,6 +35,9 @@ pub struct TaskState {
     /// Its time on a CPU as the scheduler counted it (`se.sum_exec_runtime`) when it last left
     /// one (0: not seen leaving).
     pub runtime_out_ns: u64,
+    /// When the task last left a CPU, kept through its next stretch on one (0: not seen
+    /// leaving): the most it can have run when it leaves again.
+    pub left_ns: u64,
     /// When the task became runnable and started waiting for a CPU (0: not waiting).
     pub runnable_since_ns: u64,
     /// Where and why it left the CPU last.

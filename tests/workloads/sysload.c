@@ -23,7 +23,8 @@
 //                                 on that CPU: each round trip is two context switches and no
 //                                 cross-CPU wakeup, whose cost (tens of us in a VM) would
 //                                 drown what a tracer adds. With spread, an equal share of the
-//                                 round trips on each CPU it may use, both processes on it
+//                                 round trips on each CPU it may use, both processes on it.
+//                                 Then "cpu_ns=X", both processes' CPU time
 //   sysload smallwrites N         N one-byte writes to /dev/null
 //   sysload negatives N           N calls of maybe_fail, half of which return -1
 //   sysload probecall N           N calls of probed_function; prints "ns_per_call=X" (the
@@ -52,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <termios.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -335,6 +337,11 @@ int main(int argc, char **argv) {
             elapsed += took;
         }
         printf("ns_per_call=%.2f\n", elapsed * 1e9 / (count ? n / count * count : n));
+        // Both ends' CPU time: this process's and its waited-for children's.
+        struct rusage children;
+        getrusage(RUSAGE_CHILDREN, &children);
+        printf("cpu_ns=%.0f\n", process_cpu_ns() + (children.ru_utime.tv_sec + children.ru_stime.tv_sec) * 1e9 +
+                                     (children.ru_utime.tv_usec + children.ru_stime.tv_usec) * 1e3);
         return 0;
     }
     if ((strcmp(mode, "lockstorm") == 0 || strcmp(mode, "lockedsleep") == 0) && argc >= 4) {
