@@ -46,15 +46,19 @@ enum Task {
     },
     /// Measure sysprof's overhead beside perf (and bpftrace) on the same workload, in one run
     Bench(bench::BenchArgs),
-    /// Run a command with empty programs on uprobes (the bench's floor for probed calls)
+    /// Run a command with empty programs on uprobes and tracepoints (the bench's floor for
+    /// probed calls and the target's syscalls)
     #[command(hide = true)]
-    EmptyUprobes {
+    EmptyPrograms {
         /// PATH:SYMBOL whose entry is probed (repeatable)
         #[arg(long = "entry")]
         entries: Vec<String>,
         /// PATH:SYMBOL whose return is probed (repeatable)
         #[arg(long = "return")]
         returns: Vec<String>,
+        /// A BTF tracepoint (as in `btf_trace_NAME`: sys_enter) to attach to (repeatable)
+        #[arg(long = "tracepoint")]
+        tracepoints: Vec<String>,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -80,8 +84,8 @@ fn main() -> anyhow::Result<()> {
             let binary = build_release(&root)?;
             bench::run(&root, &binary, &args)
         }
-        Task::EmptyUprobes { entries, returns, command } => {
-            bench::run_with_empty_uprobes(&entries, &returns, &command)
+        Task::EmptyPrograms { entries, returns, tracepoints, command } => {
+            bench::run_with_empty_programs(&entries, &returns, &tracepoints, &command)
         }
     }
 }

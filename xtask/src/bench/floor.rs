@@ -8,8 +8,9 @@
 //! ratio any program on these tracepoints could reach.
 //!
 //! The same holds for probed functions: empty programs on sysprof's uprobes measure the trap
-//! each probed call and return takes (`cargo xtask empty-uprobes`, which the uprobe and heap
-//! benchmarks run as a tool of their own), the cost no uprobe tool goes under.
+//! each probed call and return takes (`cargo xtask empty-programs`, which the uprobe and heap
+//! benchmarks run as a tool of their own), the cost no uprobe tool goes under; and for the
+//! target's own syscalls, empty programs on the syscall tracepoints (the syscalls benchmark).
 //!
 //! The programs are built and loaded here with the bare `bpf(2)` calls, not from an object: two
 //! instructions need no compiler, and the bench needs nothing of sysprof's to measure under it.
@@ -80,20 +81,7 @@ impl EmptyPrograms {
     /// attaches it, and opens counting events for process `pid`'s minor and major page faults
     /// (and its children's), as sysprof's fault family opens its sampling ones.
     pub(super) fn attach(tracepoints: &[&str], pid: u32) -> anyhow::Result<Self> {
-        let btf = btf_rs::Btf::from_file("/sys/kernel/btf/vmlinux").context("reading the kernel's BTF")?;
-        let mut fds = Vec::new();
-        for name in tracepoints {
-            let typedef = format!("btf_trace_{name}");
-            let id = btf
-                .resolve_ids_by_name(&typedef)
-                .ok()
-                .and_then(|ids| ids.first().copied())
-                .with_context(|| format!("no {typedef} in the kernel's BTF"))?;
-            let program = load(id).with_context(|| format!("loading an empty program for {name}"))?;
-            let link = attach(&program).with_context(|| format!("attaching the empty program to {name}"))?;
-            fds.push(program);
-            fds.push(link);
-        }
+        let mut fds = on_tracepoints(tracepoints)?;
         for config in [PERF_COUNT_SW_PAGE_FAULTS_MIN, PERF_COUNT_SW_PAGE_FAULTS_MAJ] {
             fds.push(fault_events(pid, config).context("opening a page-fault event")?);
         }
@@ -101,13 +89,39 @@ impl EmptyPrograms {
     }
 }
 
+/// An empty program loaded and attached on each of `tracepoints` (names as in
+/// `btf_trace_<name>`): each program's fd and its attachment's.
+fn on_tracepoints<S: AsRef<str>>(tracepoints: &[S]) -> anyhow::Result<Vec<OwnedFd>> {
+    let mut fds = Vec::new();
+    if tracepoints.is_empty() {
+        return Ok(fds);
+    }
+    let btf = btf_rs::Btf::from_file("/sys/kernel/btf/vmlinux").context("reading the kernel's BTF")?;
+    for name in tracepoints.iter().map(AsRef::as_ref) {
+        let typedef = format!("btf_trace_{name}");
+        let id = btf
+            .resolve_ids_by_name(&typedef)
+            .ok()
+            .and_then(|ids| ids.first().copied())
+            .with_context(|| format!("no {typedef} in the kernel's BTF"))?;
+        let program = load(id).with_context(|| format!("loading an empty program for {name}"))?;
+        let link = attach(&program).with_context(|| format!("attaching the empty program to {name}"))?;
+        fds.push(program);
+        fds.push(link);
+    }
+    Ok(fds)
+}
+
 /// Runs `command` (its output and status its own) with empty programs on the entries of
-/// `entries` and the returns of `returns`, each `PATH:SYMBOL`; they are detached as it ends.
-pub(crate) fn run_with_empty_uprobes(
+/// `entries` and the returns of `returns`, each `PATH:SYMBOL`, and on `tracepoints`; they are
+/// detached as it ends.
+pub(crate) fn run_with_empty_programs(
     entries: &[String],
     returns: &[String],
+    tracepoints: &[String],
     command: &[String],
 ) -> anyhow::Result<()> {
+    let attached = on_tracepoints(tracepoints)?;
     let program = load_empty(BPF_PROG_TYPE_KPROBE, 0, 0).context("loading an empty uprobe program")?;
     let pmu = read_number("/sys/bus/event_source/devices/uprobe/type")
         .context("the kernel's uprobe event source (CONFIG_UPROBE_EVENTS)")?;
@@ -124,6 +138,7 @@ pub(crate) fn run_with_empty_uprobes(
     let (program_name, arguments) = command.split_first().context("no command to run")?;
     let status = std::process::Command::new(program_name).args(arguments).status()?;
     drop(events);
+    drop(attached);
     if !status.success() {
         bail!("{program_name} ended with {status}");
     }

@@ -19,7 +19,7 @@ mod footprint;
 mod others;
 mod realistic;
 
-pub(crate) use floor::run_with_empty_uprobes;
+pub(crate) use floor::run_with_empty_programs;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -94,22 +94,30 @@ struct Measured {
     runs: Vec<f64>,
 }
 
-/// The configuration with empty programs on the uprobes (`floor.rs`).
-const EMPTY_UPROBES: &str = "empty programs";
+/// The configuration with empty programs where sysprof's are (`floor.rs`).
+const EMPTY_PROGRAMS: &str = "empty programs";
 
-/// `workload` run by `cargo xtask empty-uprobes` (this program), with empty programs on the
-/// entries of `entries` and the returns of `returns` (`PATH:SYMBOL`).
-fn empty_uprobes_config(entries: &[&str], returns: &[&str], workload: &[String]) -> anyhow::Result<Config> {
-    let mut argv = vec![std::env::current_exe()?.display().to_string(), "empty-uprobes".into()];
+/// `workload` run by `cargo xtask empty-programs` (this program), with empty programs on the
+/// entries of `entries` and the returns of `returns` (`PATH:SYMBOL`) and on `tracepoints`.
+fn empty_programs_config(
+    entries: &[&str],
+    returns: &[&str],
+    tracepoints: &[&str],
+    workload: &[String],
+) -> anyhow::Result<Config> {
+    let mut argv = vec![std::env::current_exe()?.display().to_string(), "empty-programs".into()];
     for entry in entries {
         argv.extend(["--entry".into(), entry.to_string()]);
     }
     for ret in returns {
         argv.extend(["--return".into(), ret.to_string()]);
     }
+    for tracepoint in tracepoints {
+        argv.extend(["--tracepoint".into(), tracepoint.to_string()]);
+    }
     argv.push("--".into());
     argv.extend(workload.iter().cloned());
-    Ok(Config { name: EMPTY_UPROBES.into(), argv })
+    Ok(Config { name: EMPTY_PROGRAMS.into(), argv })
 }
 
 /// bpftrace's equivalent of sysprof's syscall tracing: latency histogram per syscall id.
@@ -337,12 +345,16 @@ impl Runner<'_> {
                 &["--focus", "syscalls", "--time-every-syscall"],
                 &workload,
             ),
+            // The slow path every syscall takes once the syscall tracepoints have programs,
+            // whatever they do: bpftrace's are on the same tracepoints.
+            empty_programs_config(&[], &[], &["sys_enter", "sys_exit"], &workload)?,
         ];
         configs.extend(self.bpftrace_config(BPFTRACE_SYSCALLS, &workload)?);
         println!("\nsyscalls: getppid x 2,000,000 (spread over the CPUs), {} rounds, medians", self.runs);
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per syscall");
         self.added_row(&measured, "sysprof", "syscalls: ns added per getppid", 0.2);
+        self.floor_row(&measured, "sysprof", "syscalls: ns added per getppid");
         Ok(())
     }
 
@@ -377,7 +389,7 @@ impl Runner<'_> {
         let mut configs = vec![
             Config { name: "bare".into(), argv: workload.clone() },
             self.sysprof_config("sysprof --func", &["--focus", "gpu", "--func", &func], &workload),
-            empty_uprobes_config(&[&func], &[&func], &workload)?,
+            empty_programs_config(&[&func], &[&func], &[], &workload)?,
         ];
         let script = format!(
             "uprobe:{binary}:probed_function {{ @start[tid] = nsecs; }}\n\
@@ -388,7 +400,7 @@ impl Runner<'_> {
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per call");
         self.added_row(&measured, "sysprof --func", "uprobe: ns added per probed call", 1.0);
-        self.trap_floor_row(&measured, "sysprof --func", "uprobe: ns added per probed call");
+        self.floor_row(&measured, "sysprof --func", "uprobe: ns added per probed call");
         Ok(())
     }
 
@@ -400,9 +412,10 @@ impl Runner<'_> {
             Config { name: "bare".into(), argv: workload.clone() },
             self.sysprof_config("sysprof --focus memory", &["--focus", "memory"], &workload),
             self.sysprof_config("sysprof --malloc", &["--focus", "memory", "--malloc"], &workload),
-            empty_uprobes_config(
+            empty_programs_config(
                 &[&format!("{libc}:malloc"), &format!("{libc}:free")],
                 &[&format!("{libc}:malloc")],
+                &[],
                 &workload,
             )?,
         ];
@@ -417,7 +430,7 @@ impl Runner<'_> {
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per malloc/free pair");
         self.added_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free", 1.0);
-        self.trap_floor_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free");
+        self.floor_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free");
         Ok(())
     }
 
@@ -700,7 +713,8 @@ impl Runner<'_> {
         let bare = measured[0].metric;
         let Some(ours) = find(measured, name) else { return };
         let theirs = find(measured, "bpftrace").map(|theirs| theirs - bare);
-        self.added_row_of(row, bare, ours - bare, theirs, goal, None);
+        let floor = find(measured, EMPTY_PROGRAMS).map(|floor| floor - bare);
+        self.added_row_of(row, bare, ours - bare, theirs, goal, floor);
     }
 
     /// A summary row of `ours` ns added per operation (to `bare` ns) next to bpftrace's
@@ -755,11 +769,12 @@ impl Runner<'_> {
         });
     }
 
-    /// The floor under a probed-call row (`row`): what empty programs on the same uprobes add,
-    /// the traps every uprobe tool pays, and `ours`'s figure over it, paired round by round.
-    fn trap_floor_row(&self, measured: &[Measured], ours: &str, row: &str) {
+    /// The floor under `row`: what empty programs where sysprof's are add (the traps every
+    /// uprobe tool pays, the slow path of a syscall with tracepoints on), when they ran, and
+    /// `ours`'s figure over it, paired round by round (`floor_row_of`).
+    fn floor_row(&self, measured: &[Measured], ours: &str, row: &str) {
         let by_name = |name: &str| measured.iter().find(|m| m.name == name);
-        let (Some(ours), Some(empty)) = (by_name(ours), by_name(EMPTY_UPROBES)) else { return };
+        let (Some(ours), Some(empty)) = (by_name(ours), by_name(EMPTY_PROGRAMS)) else { return };
         let bare = measured[0].metric;
         let theirs = find(measured, "bpftrace").map(|theirs| theirs - bare);
         self.floor_row_of(row, bare, empty.metric - bare, theirs, paired_median(&ours.runs, &empty.runs));
