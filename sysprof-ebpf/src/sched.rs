@@ -212,6 +212,11 @@ fn account_switch_out(
         };
         let off = came_on.saturating_sub(state.switched_out_ns.max(start));
         add_offcpu(state, state.offcpu_state, off);
+        // And who woke it, as its switch in would have said: a main thread's 1.5 s join, woken
+        // by a worker's exit, came back unseen once and was missing from the wakeup relation.
+        if state.waker_seen != 0 && off > 0 {
+            add_wake(state, off);
+        }
         if let Some(thread) = thread_sched(state, false) {
             thread.offcpu_ns += off;
         }
