@@ -335,6 +335,18 @@ impl ProcessTable {
         self.processes.get(&pid)
     }
 
+    /// The name to show for thread `tid` of process `tgid`, whose own name as first seen is
+    /// `own`. A main thread is named as its process is: that name follows an exec, while the
+    /// thread's own may have been taken before it (a launched command is sysprof's fork until
+    /// then, a shell's child a shell). Other threads keep their own name (a worker pool's), or
+    /// take the process's where theirs is not known.
+    pub fn thread_name(&self, tid: u32, tgid: u32, own: &str) -> String {
+        match self.get(tgid).map(|p| p.name.as_str()).filter(|name| !name.is_empty()) {
+            Some(process) if tid == tgid || own.is_empty() => process.to_string(),
+            _ => own.to_string(),
+        }
+    }
+
     /// The new Python stacks reported since the last call.
     pub fn take_python_stacks(&mut self) -> Vec<(u32, u32)> {
         std::mem::take(&mut self.python_stacks)
@@ -449,6 +461,20 @@ mod tests {
         table.on_event(&event(process_event::EXIT, child, 0, "worker"));
         assert!(table.get(child).unwrap().exited);
         assert!(!table.live_pids().any(|pid| pid == child));
+    }
+
+    #[test]
+    fn a_main_thread_named_before_its_exec_takes_the_new_program_s_name() {
+        let mut table = ProcessTable::new();
+        // Pids that do not exist: nothing is read from /proc for them.
+        let (sysload, unnamed) = (u32::MAX - 9, u32::MAX - 11);
+        table.on_event(&event(process_event::EXEC, sysload, 0, "sysload"));
+        table.on_event(&event(process_event::EXEC, unnamed, 0, ""));
+        assert_eq!(table.thread_name(sysload, sysload, "sh"), "sysload");
+        assert_eq!(table.thread_name(sysload + 1, sysload, "worker"), "worker");
+        assert_eq!(table.thread_name(sysload + 1, sysload, ""), "sysload");
+        assert_eq!(table.thread_name(unnamed, unnamed, "sh"), "sh");
+        assert_eq!(table.thread_name(7, u32::MAX - 13, "sh"), "sh");
     }
 
     #[test]

@@ -344,14 +344,10 @@ fn take_back_switch_path(by_reason: &mut [ReasonTime], offcpu_s: f64) {
     }
 }
 
-/// A thread's name: its own, kept at its first switch in the trace, except for a process's
-/// main thread, which may have switched before its exec (a launched command is sysprof's fork
-/// until then) and takes the process's name.
+/// A thread's name: its own, kept at its first switch in the trace, as
+/// `ProcessTable::thread_name` shows it.
 pub fn thread_name(tid: u32, thread: &ThreadSched, processes: &ProcessTable) -> String {
-    match processes.get(tid).map(|p| p.name.as_str()).filter(|n| tid == thread.tgid && !n.is_empty()) {
-        Some(name) => name.to_string(),
-        None => comm_to_string(&thread.comm),
-    }
+    processes.thread_name(tid, thread.tgid, &comm_to_string(&thread.comm))
 }
 
 /// On-CPU time of a thread, counting the stretch it is still running at the end.

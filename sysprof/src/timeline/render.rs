@@ -272,8 +272,7 @@ impl Writer {
             if tid == 0 {
                 continue;
             }
-            let name =
-                thread_track_name(tid, *pid, name, sources.processes.get(*pid).map(|p| p.name.as_str()));
+            let name = sources.processes.thread_name(tid, *pid, name);
             tree.threads.push(ProcessTreeThread {
                 tid: Some(tid as i32),
                 name: Some(name.clone()),
@@ -625,30 +624,5 @@ pub(crate) fn stack_sample(event: &TimelineEvent) -> StackSample {
         comm: None,
         weight: 1,
         tag: event.detail,
-    }
-}
-
-/// A thread's track name. A main thread is named as its process is: that name follows an exec,
-/// while the thread's own was read at its first event, which may come before the exec (a
-/// shell's child before it becomes the command). Other threads keep their own name (a worker
-/// pool's), or take the process's where theirs could not be read.
-fn thread_track_name(tid: u32, pid: u32, read: &str, process: Option<&str>) -> String {
-    match process.filter(|name| !name.is_empty()) {
-        Some(process) if tid == pid || read.is_empty() => process.to_string(),
-        _ => read.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::thread_track_name;
-
-    #[test]
-    fn a_main_thread_read_before_its_exec_takes_the_new_program_s_name() {
-        assert_eq!(thread_track_name(7, 7, "sh", Some("sysload")), "sysload");
-        assert_eq!(thread_track_name(8, 7, "worker", Some("sysload")), "worker");
-        assert_eq!(thread_track_name(8, 7, "", Some("sysload")), "sysload");
-        assert_eq!(thread_track_name(7, 7, "sh", None), "sh");
-        assert_eq!(thread_track_name(7, 7, "sh", Some("")), "sh");
     }
 }
