@@ -106,8 +106,9 @@ fn try_process_exit() {
 }
 
 /// Tells userspace that a target process mapped executable memory (see
-/// `process_event::MAPPED`); called by the syscall exit program.
-#[inline(always)]
+/// `process_event::MAPPED`); called by the syscall exit program. Not inlined: its event needs
+/// stack, which would put that program on a private stack for every call.
+#[inline(never)]
 pub fn executable_mapped(tgid: u32) {
     emit(process_event::MAPPED, tgid, 0, 0);
 }

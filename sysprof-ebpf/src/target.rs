@@ -130,6 +130,21 @@ pub fn current_unless_outside() -> Option<u64> {
     }
 }
 
+/// The current task's `pid_tgid` when it belongs to the target. Under `--pid` the note's
+/// verdict is the set's own (the switch tested it, and userspace forgets the notes whenever
+/// the set changes), so a target's events read the note alone, not the set too.
+#[inline(always)]
+pub fn current_target() -> Option<u64> {
+    if config().filter == filter::TARGETS
+        && let Some(&known) = ON_CPU.get(0)
+        && (known as i64) > 0
+    {
+        return (known & OUTSIDE == 0).then_some(known);
+    }
+    let pid_tgid = current_unless_outside()?;
+    is_current_target_cached((pid_tgid >> 32) as u32).then_some(pid_tgid)
+}
+
 /// A context switch, as `note_switch` saw it.
 pub struct Switch {
     /// The leaving thread's `pid_tgid`, read from its task.

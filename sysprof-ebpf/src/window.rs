@@ -31,6 +31,13 @@ pub fn open() -> bool {
     start() != 0 && !closed()
 }
 
+/// The trace's start while it is open (`open`), read in one place.
+#[inline(always)]
+pub fn open_since() -> Option<u64> {
+    let start = start();
+    (start != 0 && !closed()).then_some(start)
+}
+
 /// `open`, for the call and heap probes, which sysprof's own probe-cost calibration also runs
 /// after the trace's end, the only time sysprof is its own target (see `target.rs`): its
 /// calls are timed as a target's are, and read by no figure (the read-out is done by then).

@@ -416,6 +416,10 @@ pub async fn collect(
                     unwinder.sync(probes, processes);
                 }
             }
+            // On its own deadline, not the tick's: a window lasts a few milliseconds.
+            _ = sleep_until(stats_windows.next_change().map(tokio::time::Instant::from_std)) => {
+                stats_windows.tick(probes);
+            }
             _ = tick.tick() => {
                 if let Some(timeline) = timeline.as_deref_mut() {
                     timeline.drain();
@@ -430,7 +434,6 @@ pub async fn collect(
                 if let Some(unwinder) = unwinder.as_deref_mut() {
                     unwinder.sync(probes, processes);
                 }
-                stats_windows.tick(probes);
                 if last_status.elapsed() >= STATUS_EVERY {
                     last_status = Instant::now();
                     // Read once a round: it looks at every followed process in /proc.

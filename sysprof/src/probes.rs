@@ -414,7 +414,7 @@ impl Probes {
         let mut targets: BpfHashMap<&mut MapData, u32, u8> =
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         let _ = targets.remove(&pid);
-        Ok(())
+        self.forget_switch_notes()
     }
 
     /// The target set's bits, mapped on first use.

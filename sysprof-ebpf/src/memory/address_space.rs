@@ -6,7 +6,6 @@ use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
     macros::map,
     maps::HashMap,
-    programs::BtfTracePointContext,
 };
 use sysprof_common::{AddressSpace, InFlight, capacity};
 
@@ -24,31 +23,37 @@ pub fn is_address_space_call(nr: u32) -> bool {
     nr == c.nr_mmap || nr == c.nr_munmap || nr == c.nr_brk || nr == c.nr_mremap
 }
 
-/// The first three syscall arguments, from the tracepoint's `struct pt_regs *`.
-#[inline(always)]
-pub fn syscall_args(ctx: &BtfTracePointContext) -> [u64; 3] {
-    let regs: *const pt_regs = ctx.arg(0);
+/// The first three syscall arguments, from the tracepoint's `struct pt_regs *`, into `args`
+/// (written in place). Not inlined: the helper's reads need stack, which would put the syscall
+/// entry program on a private stack for every call (see `syscalls::syscall_enter`).
+#[inline(never)]
+pub fn syscall_args(regs: *const pt_regs, args: &mut [u64; 3]) {
     // SAFETY: `regs` is the syscall's register frame; the helper checks the reads.
     let read = |field: *const u64| unsafe { bpf_probe_read_kernel(field) }.unwrap_or(0);
     #[cfg(bpf_target_arch = "x86_64")]
     // SAFETY: field addresses of a valid kernel pointer, read by the helper.
     unsafe {
-        [read(&raw const (*regs).rdi), read(&raw const (*regs).rsi), read(&raw const (*regs).rdx)]
+        args[0] = read(&raw const (*regs).rdi);
+        args[1] = read(&raw const (*regs).rsi);
+        args[2] = read(&raw const (*regs).rdx);
     }
     #[cfg(bpf_target_arch = "aarch64")]
     // SAFETY: as above.
     unsafe {
-        [read(&raw const (*regs).regs[0]), read(&raw const (*regs).regs[1]), read(&raw const (*regs).regs[2])]
+        args[0] = read(&raw const (*regs).regs[0]);
+        args[1] = read(&raw const (*regs).regs[1]);
+        args[2] = read(&raw const (*regs).regs[2]);
     }
     #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
     {
         let _ = (regs, read);
-        [0; 3]
+        *args = [0; 3];
     }
 }
 
-/// Adds a finished mmap/munmap/brk/mremap to its process's address-space totals.
-#[inline(always)]
+/// Adds a finished mmap/munmap/brk/mremap to its process's address-space totals. Not inlined,
+/// as `syscall_args`.
+#[inline(never)]
 pub fn account_address_space(call: &InFlight, ret: i64) {
     if !is_address_space_call(call.nr) {
         return;
