@@ -5,8 +5,8 @@
 //! The kernel's statistics time every run of every BPF program on the machine, two clock reads
 //! per run: on a syscall-heavy target that costs more than sysprof's programs themselves (a
 //! getppid loop ran 13 ns a call slower with them on). So they are on in short windows
-//! ([`StatsWindows`]): 5 ms every quarter of a second, from the start, 2% of the trace. Runs and
-//! time are scaled by the share of the trace the windows covered. Where they are on already
+//! ([`StatsWindows`]): 10 ms every second, from the start, 1% of the trace. Runs and time are
+//! scaled by the share of the trace the windows covered. Where they are on already
 //! for the whole machine (`sysctl kernel.bpf_stats_enabled=1`, as `cargo xtask bench` sets for
 //! its realistic rows), they cover the whole trace and nothing is scaled.
 
@@ -19,10 +19,11 @@ use crate::{
     report::Overhead,
 };
 
-// Many short windows, not a few long ones: a trace of a second is sampled through, and the
-// first window, at the start, takes a small share of a short command's run.
-const WINDOW: Duration = Duration::from_millis(5);
-const WINDOW_EVERY: Duration = Duration::from_millis(250);
+// Short windows: the first, at the start, takes a small share of a short command's run. Not
+// more often: turning the statistics on or off patches the kernel's code, which stops every
+// CPU for a moment (`smp_text_poke_batch_finish`).
+const WINDOW: Duration = Duration::from_millis(10);
+const WINDOW_EVERY: Duration = Duration::from_secs(1);
 
 /// When the kernel's BPF statistics are on, and for how long they were.
 #[derive(Debug)]

@@ -42,10 +42,6 @@ impl Runner<'_> {
         } else {
             eprintln!("bench: make is not installed (apt-get install make): no make workload");
         }
-        // The kernel's BPF statistics on for the whole of each run (sysprof then scales nothing
-        // from its own windows): the share is measured, not extrapolated from a few tenths of
-        // a second of a 3 s run. Their cost (two clock reads per program run) counts in it.
-        let _stats = StatsOn::new()?;
         for (name, setup, command) in workloads {
             // The workload times itself, so the tool's start and end are not counted.
             let timed =
@@ -67,7 +63,16 @@ impl Runner<'_> {
             // The noise: how far the slowest bare run strays above the bare median.
             let slowest = measured[0].runs.iter().copied().fold(bare, f64::max);
             let noise = slowest / bare - 1.0;
-            let share = bpf_share(&self.out.join(traced.replace([' ', '-'], "_")));
+            // The BPF time from a run of its own with the kernel's statistics on for the whole
+            // of it (sysprof then scales nothing from its own windows): measured, not
+            // extrapolated. Not in the slowdown's runs: the statistics put two clock reads on
+            // every program run, which sysprof's default windows keep to 2% of a trace.
+            let with_stats = format!("{traced} (statistics on)");
+            let share = {
+                let _stats = StatsOn::new()?;
+                measure(&[self.sysprof_config(&with_stats, &[], &workload)], 1, "elapsed_ns")?;
+                bpf_share(&self.out.join(with_stats.replace([' ', '-'], "_")))
+            };
             println!(
                 "{name}: sysprof {:.4}x bare (the bare runs stray up to {:.2}%); BPF time {} of the CPU time \
                  available",
