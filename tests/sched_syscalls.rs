@@ -84,6 +84,34 @@ fn counts_stay_exact_while_other_processes_take_turns_on_the_cpus() {
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn another_process_that_execs_is_not_taken_for_the_target() {
+    let Some(_guard) = root_guard("another_process_that_execs_is_not_taken_for_the_target") else {
+        return;
+    };
+    // A process's exec notes it on its CPU afresh; its first calls, before it next leaves the
+    // CPU, once passed for a target's under --pid, and programs the target never ran
+    // (`true`'s mmaps) filled the syscall table.
+    let target =
+        Background::spawn(std::process::Command::new(workload("sysload")).args(["sleep", "100", "50"]));
+    let dir = output_dir();
+    let mut trace = spawn_tracing(
+        &["trace", "--pid", &target.pid().to_string(), "--focus", "syscalls", "-d", "2"],
+        dir.path(),
+    );
+    for _ in 0..100 {
+        assert!(std::process::Command::new("true").status().unwrap().success());
+    }
+    let status = wait_bounded(&mut trace, std::time::Duration::from_secs(30));
+    assert!(status.success());
+    let report = read_report(dir.path());
+    let rows = report["syscalls"]["rows"].as_array().unwrap();
+    assert!(!rows.is_empty(), "the target's own sleeps are missing: {report:#}");
+    let others: Vec<&Value> = rows.iter().filter(|row| row["pid"] != target.pid()).collect();
+    assert!(others.is_empty(), "other processes' calls: {others:#?}");
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn counts_failed_calls_by_errno() {
     let Some(_guard) = root_guard("counts_failed_calls_by_errno") else { return };
     let (_dir, report) = trace_sysload(&["--focus", "syscalls"], &["badclose", "5000"]);

@@ -191,14 +191,20 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
     // The idle task's note stays 0, unknown: the kernel does not trace every switch from it
     // (`sched.rs::account_switch_out`), and the task that then runs unseen must reach the
     // helper, not the verdict on the idle task.
-    *slot = if is_hidden(next_tgid) {
-        next_id | HIDDEN_NOTE
-    } else if next_may_be_target || next_id == 0 {
-        next_id
-    } else {
-        next_id | OUTSIDE
-    };
+    *slot = note(next_id, next_may_be_target);
     Switch { prev_id, prev_may_be_target, next_may_be_target }
+}
+
+/// The note of task `id` arriving on a CPU, with the verdict on it (`task_may_be_target`).
+#[inline(always)]
+fn note(id: u64, may_be_target: bool) -> u64 {
+    if is_hidden((id >> 32) as u32) {
+        id | HIDDEN_NOTE
+    } else if may_be_target || id == 0 {
+        id
+    } else {
+        id | OUTSIDE
+    }
 }
 
 /// `task`'s `pid_tgid`, from its BTF fields (the offsets are known).
@@ -253,12 +259,15 @@ fn learn_hidden(tgid: u32) {
 }
 
 /// Notes the current task again, after an exec that may have changed its thread id (a thread
-/// other than the leader that execs takes the leader's id).
+/// other than the leader that execs takes the leader's id), with the verdict a switch would
+/// give it: a note without it would pass another process's calls for a target's
+/// (`current_target`) until the task next left the CPU.
 #[inline(always)]
 pub fn renote_current() {
     if let Some(slot) = ON_CPU.get_ptr_mut(0) {
+        let id = bpf_get_current_pid_tgid();
         // SAFETY: this CPU's slot.
-        unsafe { *slot = bpf_get_current_pid_tgid() };
+        unsafe { *slot = note(id, tgid_may_be_target(config(), (id >> 32) as u32)) };
     }
 }
 

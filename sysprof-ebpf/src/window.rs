@@ -28,10 +28,10 @@ pub fn closed() -> bool {
 /// Whether an event now is inside the trace: it started and has not ended.
 #[inline(always)]
 pub fn open() -> bool {
-    start() != 0 && !closed()
+    open_since().is_some()
 }
 
-/// The trace's start while it is open (`open`), read in one place.
+/// The trace's start while it is open.
 #[inline(always)]
 pub fn open_since() -> Option<u64> {
     let start = start();

@@ -33,8 +33,7 @@ use crate::{
     unwind::Unwinder,
 };
 
-/// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled, and the
-/// sampling ratio then.
+/// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled.
 const SYSCALL_BURST: u32 = 32;
 /// A timed call costs a shared-map lookup and two clock reads (80 ns more than an untimed one
 /// here, `cargo xtask bench syscalls`' `--time-every-syscall` row): 1 in 16 put 7 ns on every
