@@ -293,13 +293,13 @@ impl UprobeTracers {
         if processes.maps_version() == self.seen_maps {
             return;
         }
-        self.seen_maps = processes.maps_version();
+        let since = std::mem::replace(&mut self.seen_maps, processes.maps_version());
         if let Some(gpu) = &mut self.gpu {
-            gpu.attach_new(probes, processes);
+            gpu.attach_new(probes, processes, since);
         }
-        self.funcs.attach_ready(probes, processes);
+        self.funcs.attach_ready(probes, processes, since);
         if let Some(heap) = &mut self.heap {
-            heap.attach_new(probes, processes);
+            heap.attach_new(probes, processes, since);
         }
     }
 

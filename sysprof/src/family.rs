@@ -24,7 +24,7 @@ use crate::{
 };
 
 /// One probe family, from its kernel configuration to its section of the report.
-pub(crate) trait Family {
+pub(crate) trait Family: Send {
     /// Its name, as other families name it in [`Family::analyzed_after`].
     fn name(&self) -> &'static str;
 

@@ -71,6 +71,11 @@ pub struct ProcessRecord {
     /// It mapped executable memory since its maps were last read.
     #[serde(skip)]
     mapped_since_scan: bool,
+    /// The table's `maps_version` when this record last changed for the stages that keep
+    /// per-process state (its maps, its fork, its exit): they look again at these records
+    /// only (`ProcessTable::changed_since`), not at every process seen on every tick.
+    #[serde(skip)]
+    maps_stamp: u64,
 }
 
 /// Every process seen during the trace, by pid.
@@ -78,7 +83,8 @@ pub struct ProcessRecord {
 pub struct ProcessTable {
     processes: HashMap<u32, ProcessRecord>,
     rescan_interval: Duration,
-    /// Bumped whenever a process's known maps change (a library loaded, a process forked).
+    /// Bumped whenever a process's known maps change (a library loaded, a process forked or
+    /// exited); the record's `maps_stamp` takes the new value.
     maps_version: u64,
     /// When memory is read, if it is.
     memory: Option<Schedule>,
@@ -113,12 +119,17 @@ impl ProcessTable {
         records: impl IntoIterator<Item = (u32, ProcessRecord)>,
         memory_interval: Option<Duration>,
     ) -> Self {
-        ProcessTable {
+        let mut table = ProcessTable {
             processes: records.into_iter().collect(),
             memory: memory_interval.map(Schedule::new),
             replayed: true,
             ..Self::default()
+        };
+        // All new to whoever looks first.
+        for record in table.processes.values_mut() {
+            stamp(&mut table.maps_version, record);
         }
+        table
     }
 
     /// Re-reads live processes' maps this often (libraries loaded with dlopen show up then).
@@ -168,7 +179,9 @@ impl ProcessTable {
         if record.kernel_thread {
             return;
         }
-        self.maps_version += u64::from(scan(pid, record, Instant::now()));
+        if scan(pid, record, Instant::now()) {
+            stamp(&mut self.maps_version, record);
+        }
         if record.memory.is_empty() {
             read_memory(self.memory.as_ref(), pid, record);
         }
@@ -181,7 +194,10 @@ impl ProcessTable {
         match event.kind {
             process_event::FORK => {
                 // Until it execs, a child runs its parent's code at the parent's addresses.
-                let inherited = self.processes.get(&event.parent_pid).and_then(|p| p.maps.clone());
+                let inherited = self
+                    .processes
+                    .get(&event.parent_pid)
+                    .and_then(|p| Some((p.maps.clone()?, p.maps_digest)));
                 let record = self.processes.entry(event.pid).or_default();
                 record.name = comm;
                 record.parent = Some(event.parent_pid);
@@ -190,13 +206,25 @@ impl ProcessTable {
                 record.start_ticks = stat.as_ref().map(|stat| stat.start_ticks);
                 // kthreadd's children are kernel threads.
                 record.kernel_thread = stat.is_some_and(|stat| stat.kernel_thread);
-                record.maps = inherited;
-                record.maps_digest = None;
                 record.early_scans = 0;
-                scan(event.pid, record, now);
+                match inherited {
+                    // Not read: most children exec at once (and the exec reads them), and a
+                    // shell script forks hundreds a second. Maps as of the fork, which its
+                    // early rescans correct if its parent's were behind.
+                    Some((maps, digest)) => {
+                        (record.maps, record.maps_digest) = (Some(maps), digest);
+                        record.last_scan = Some(now);
+                        record.last_scan_ns = event.time_ns;
+                    }
+                    None => {
+                        (record.maps, record.maps_digest) = (None, None);
+                        scan(event.pid, record, now);
+                    }
+                }
                 // A new process maps what its parent did: a change for whoever probes per process.
-                self.maps_version += 1;
-                read_memory(self.memory.as_ref(), event.pid, record);
+                stamp(&mut self.maps_version, record);
+                // No memory read: a child's memory at its fork is its parent's; its own is read
+                // on the schedule and at its exit.
             }
             process_event::EXEC => {
                 let record = self.processes.entry(event.pid).or_default();
@@ -210,7 +238,9 @@ impl ProcessTable {
                 if record.last_scan_ns <= event.time_ns || record.maps.is_none() {
                     record.maps = None;
                     record.maps_digest = None;
-                    self.maps_version += u64::from(scan(event.pid, record, now));
+                    if scan(event.pid, record, now) {
+                        stamp(&mut self.maps_version, record);
+                    }
                 }
             }
             process_event::PYTHON_STACK => self.python_stacks.push((event.pid, event.detail)),
@@ -220,7 +250,11 @@ impl ProcessTable {
                 let record = self.processes.entry(event.pid).or_default();
                 match record.last_scan {
                     Some(last) if now < last + MAPPED_RESCAN => record.mapped_since_scan = true,
-                    _ => self.maps_version += u64::from(scan(event.pid, record, now)),
+                    _ => {
+                        if scan(event.pid, record, now) {
+                            stamp(&mut self.maps_version, record);
+                        }
+                    }
                 }
             }
             process_event::EXIT => {
@@ -231,8 +265,10 @@ impl ProcessTable {
                 // Its last memory reading (its peak RSS, mostly), if the status still has it.
                 read_memory(self.memory.as_ref(), event.pid, record);
                 // Usually too late (the address space is gone), but costs nothing to try.
-                self.maps_version += u64::from(scan(event.pid, record, now));
+                scan(event.pid, record, now);
                 record.exited = true;
+                // Whoever wrote an entry for it drops it.
+                stamp(&mut self.maps_version, record);
             }
             _ => {}
         }
@@ -255,7 +291,9 @@ impl ProcessTable {
                     record.early_scans += 1;
                 }
                 record.mapped_since_scan = false;
-                self.maps_version += u64::from(scan(pid, record, now));
+                if scan(pid, record, now) {
+                    stamp(&mut self.maps_version, record);
+                }
             }
         }
     }
@@ -290,7 +328,7 @@ impl ProcessTable {
                     (record.maps, record.maps_digest) = (Some(maps), Some(digest));
                     record.last_scan = Some(Instant::now());
                     record.last_scan_ns = crate::probes::monotonic_ns();
-                    self.maps_version += 1;
+                    stamp(&mut self.maps_version, record);
                     return;
                 }
                 // Not exec'd yet.
@@ -317,13 +355,23 @@ impl ProcessTable {
         }
         self.sample_memory_due();
         for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
-            self.maps_version += u64::from(scan(pid, record, now));
+            if scan(pid, record, now) {
+                stamp(&mut self.maps_version, record);
+            }
         }
     }
 
-    /// Changes whenever some process's known maps change, or a process forks.
+    /// Changes whenever some process's known maps change, or a process forks or exits.
     pub fn maps_version(&self) -> u64 {
         self.maps_version
+    }
+
+    /// The processes whose maps changed, or that forked or exited, since `version` (a
+    /// `maps_version` read earlier): all a stage that keeps per-process state must look at
+    /// again. A build or a shell script starts thousands of processes, and looking at every
+    /// one's mappings on every tick was most of sysprof's CPU under one.
+    pub fn changed_since(&self, version: u64) -> impl Iterator<Item = (u32, &ProcessRecord)> {
+        self.iter().filter(move |(_, record)| record.maps_stamp > version)
     }
 
     /// Every process seen, by pid.
@@ -415,6 +463,12 @@ fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
         }
         _ => false,
     }
+}
+
+/// Marks `record` changed: the table's next version is its stamp.
+fn stamp(version: &mut u64, record: &mut ProcessRecord) {
+    *version += 1;
+    record.maps_stamp = *version;
 }
 
 /// Reads the memory of `pid` now, when memory is traced.

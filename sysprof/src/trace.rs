@@ -49,7 +49,7 @@ pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
     // Before the runtime's threads start: they inherit it.
     crate::priority::raise();
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the runtime")?;
@@ -59,7 +59,11 @@ pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
         // First of all: from here on Ctrl-C, SIGTERM and SIGHUP end the trace instead of
         // killing sysprof, even one that arrives while the probes are being attached.
         let stop = Stop::register()?;
-        preflight_and_run(config, loader, stop).await
+        // On a worker, not this thread: the worker that reads an event (a new program, a
+        // timer) then runs the loop itself, where block_on's thread would be woken for each
+        // one (two threads woken per event: a fifth of sysprof's CPU under a shell script).
+        // The other worker answers signals while this one is busy.
+        tokio::spawn(preflight_and_run(config, loader, stop)).await.context("the trace's task")?
     })
 }
 
@@ -312,12 +316,12 @@ async fn run(
         if let Some(gated) = &gated {
             heap.attach_needed(&mut probes, gated.pid(), gated.program());
         }
-        heap.attach_new(&mut probes, &processes);
+        heap.attach_new(&mut probes, &processes, 0);
     }
     if let Some(gated) = &gated {
         tracers.funcs.attach_for_program(&mut probes, gated.program());
     }
-    tracers.funcs.attach_ready(&mut probes, &processes);
+    tracers.funcs.attach_ready(&mut probes, &processes, 0);
     let ticks_at_start = CpuTicks::now();
     let started = std::time::Instant::now();
     // The kernel side's start of the trace too: the programs count from here (a thread on a

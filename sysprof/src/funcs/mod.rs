@@ -58,8 +58,8 @@ impl FuncTracer {
 
     /// Attaches the specs whose binary can be found now: paths at once, names once the target
     /// maps a file of that name.
-    pub fn attach_ready(&mut self, probes: &mut Probes, processes: &ProcessTable) {
-        self.attach_found(probes, |name| find_mapped(processes, name));
+    pub fn attach_ready(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) {
+        self.attach_found(probes, |name| find_mapped(processes, version, name));
     }
 
     /// Attaches the specs that name a launched program or a library it needs, before it runs.
@@ -158,8 +158,8 @@ pub fn rows(functions: &[ProbedFunction], calls: &[(CallKey, CallStats)], names:
 }
 
 /// A file the target maps whose name is `name` (or starts with it: `libc.so` finds libc.so.6).
-fn find_mapped(processes: &ProcessTable, name: &str) -> Option<PathBuf> {
-    processes.iter().find_map(|(_, record)| {
+fn find_mapped(processes: &ProcessTable, version: u64, name: &str) -> Option<PathBuf> {
+    processes.changed_since(version).find_map(|(_, record)| {
         record.maps.as_ref()?.mappings().iter().find_map(|mapping| match &mapping.backing {
             Backing::File { path, open } if file_matches(path, name) => Some(open.clone()),
             _ => None,

@@ -96,7 +96,7 @@ impl GpuTracer {
                 }
             }
         }
-        self.attach_new(probes, processes);
+        self.attach_new(probes, processes, 0);
     }
 
     /// Probes the GPU libraries a program will load at start, before it runs (a launched
@@ -112,10 +112,11 @@ impl GpuTracer {
         }
     }
 
-    /// Probes GPU libraries that appeared in the target's memory maps since the last look.
-    pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+    /// Probes GPU libraries that appeared in the target's memory maps since `version` (see
+    /// `ProcessTable::changed_since`).
+    pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) {
         let mut found: Vec<(Library, PathBuf)> = Vec::new();
-        for (_, record) in processes.iter() {
+        for (_, record) in processes.changed_since(version) {
             let Some(maps) = &record.maps else { continue };
             for mapping in maps.mappings() {
                 let Backing::File { open, .. } = &mapping.backing else { continue };

@@ -87,10 +87,11 @@ impl HeapTracer {
         }
     }
 
-    /// Probes the allocators each live target process has mapped, where not done yet.
-    pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable) {
+    /// Probes the allocators each live target process whose maps changed since `version` has
+    /// mapped, where not done yet (see `ProcessTable::changed_since`).
+    pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) {
         let mut found: Vec<(u32, &'static str, PathBuf)> = Vec::new();
-        for (pid, record) in processes.iter().filter(|(_, record)| !record.exited) {
+        for (pid, record) in processes.changed_since(version).filter(|(_, record)| !record.exited) {
             let Some(maps) = &record.maps else { continue };
             for mapping in maps.mappings() {
                 let Backing::File { open, .. } = &mapping.backing else { continue };

@@ -84,24 +84,15 @@ struct Target {
     execs: u32,
 }
 
+#[derive(Default)]
 pub struct Python {
     /// Each file looked at: its interpreter, if it has one sysprof reads.
     files: HashMap<PathBuf, Option<Interpreter>>,
     /// The processes written into the kernel's table.
     written: HashMap<u32, Target>,
+    /// `ProcessTable::maps_version` at the last look.
     seen_maps: u64,
     summary: PythonSummary,
-}
-
-impl Default for Python {
-    fn default() -> Self {
-        Python {
-            files: HashMap::new(),
-            written: HashMap::new(),
-            seen_maps: u64::MAX,
-            summary: Default::default(),
-        }
-    }
 }
 
 impl Python {
@@ -114,8 +105,8 @@ impl Python {
     /// kernel reported. Cheap when nothing changed: called with the unwinder's sync.
     pub fn sync(&mut self, probes: &mut Probes, processes: &mut ProcessTable) {
         if processes.maps_version() != self.seen_maps {
-            self.seen_maps = processes.maps_version();
-            self.write_entries(probes, processes);
+            let since = std::mem::replace(&mut self.seen_maps, processes.maps_version());
+            self.write_entries(probes, processes, since);
         }
         let stacks = processes.take_python_stacks();
         if !stacks.is_empty() {
@@ -128,11 +119,13 @@ impl Python {
         self.summary
     }
 
-    fn write_entries(&mut self, probes: &mut Probes, processes: &mut ProcessTable) {
+    /// Writes or drops the entries of the processes that changed since `version` (see
+    /// `ProcessTable::changed_since`).
+    fn write_entries(&mut self, probes: &mut Probes, processes: &mut ProcessTable, version: u64) {
         let Ok(map) = probes.map_mut(PROCESSES) else { return };
         let Ok(mut entries) = BpfHashMap::<&mut MapData, u32, PythonProcess>::try_from(map) else { return };
         let mut found = Vec::new();
-        for (pid, record) in processes.iter() {
+        for (pid, record) in processes.changed_since(version) {
             if record.exited {
                 if self.written.remove(&pid).is_some() {
                     let _ = entries.remove(&pid);

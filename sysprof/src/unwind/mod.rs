@@ -85,10 +85,13 @@ pub struct Unwinder {
     requests: Option<mpsc::Sender<PathBuf>>,
     replies: mpsc::Receiver<Built>,
     worker: Option<std::thread::JoinHandle<()>>,
+    /// `ProcessTable::maps_version` at the last look.
     seen_maps: u64,
     summary: UnwindSummary,
-    /// Processes left to frame pointers because `PROCESS_MAPPINGS` was full.
+    /// Processes left to frame pointers because `PROCESS_MAPPINGS` was full, at most at once.
     processes_full: usize,
+    /// Those without an entry for that reason now: tried again on every pass, as exits make room.
+    refused: std::collections::BTreeSet<u32>,
     /// sysprof's own executable, as processes' maps name it.
     own_exe: Option<PathBuf>,
     /// Processes with more executable mappings than an entry holds.
@@ -123,12 +126,13 @@ impl Unwinder {
             requests: Some(requests),
             replies,
             worker,
-            seen_maps: u64::MAX,
+            seen_maps: 0,
             summary: UnwindSummary {
                 capacity_bytes: u64::from(capacity_chunks) * size_of::<RowChunk>() as u64,
                 ..UnwindSummary::default()
             },
             processes_full: 0,
+            refused: Default::default(),
             crowded: Default::default(),
             own_exe: std::env::current_exe().ok().and_then(|exe| std::fs::canonicalize(exe).ok()),
             sysprof_pid: std::process::id(),
@@ -151,19 +155,19 @@ impl Unwinder {
     }
 
     fn sync_native(&mut self, probes: &mut Probes, processes: &ProcessTable) {
-        let mut changed = self.install_ready(probes);
-        if processes.maps_version() != self.seen_maps {
-            self.seen_maps = processes.maps_version();
-            changed = true;
-        }
-        if !changed {
+        let installed = self.install_ready(probes);
+        if !installed && processes.maps_version() == self.seen_maps {
             return;
         }
-        if self.write_entries(probes, processes) > 0 {
+        // A new table can complete the entry of any process that maps its file (rare: once a
+        // file): then every process is looked at again; otherwise the ones that changed.
+        let since = if installed { 0 } else { self.seen_maps };
+        self.seen_maps = processes.maps_version();
+        if self.write_entries(probes, processes, since) > 0 {
             // A cached table comes back within a millisecond: written now, a new program's
             // first samples are whole, not a tick later.
             if self.wait_for_tables(probes, Instant::now() + CACHED_WAIT) {
-                self.write_entries(probes, processes);
+                self.write_entries(probes, processes, 0);
             }
         }
     }
@@ -199,10 +203,11 @@ impl Unwinder {
     /// of running processes starts with their stacks whole when the tables are cached.
     pub fn settle(&mut self, probes: &mut Probes, processes: &mut ProcessTable, limit: Duration) {
         let deadline = Instant::now() + limit;
-        self.write_entries(probes, processes);
+        self.write_entries(probes, processes, 0);
         if self.wait_for_tables(probes, deadline) {
-            self.write_entries(probes, processes);
+            self.write_entries(probes, processes, 0);
         }
+        self.seen_maps = processes.maps_version();
         self.python.sync(probes, processes);
     }
 
@@ -223,20 +228,28 @@ impl Unwinder {
         any
     }
 
-    /// Writes the entry of every live process whose mappings or tables changed, drops those
-    /// of processes that exited; returns how many tables it asked the worker for.
-    fn write_entries(&mut self, probes: &mut Probes, processes: &ProcessTable) -> usize {
+    /// Writes the entries of the live processes that changed since `version` (see
+    /// `ProcessTable::changed_since`), and of those the table had no room for before, where
+    /// their mappings or tables changed; drops those of processes that exited. Returns how many
+    /// tables it asked the worker for.
+    fn write_entries(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) -> usize {
         let pending_before = self.files.len();
         let Ok(map) = probes.map_mut(shared::PROCESS_MAPPINGS) else { return 0 };
         let Ok(mut entries) = BpfHashMap::<&mut MapData, u32, ProcessMappings>::try_from(map) else {
             return 0;
         };
-        let mut full = 0;
-        for (pid, record) in processes.iter() {
+        let pids: std::collections::BTreeSet<u32> = processes
+            .changed_since(version)
+            .map(|(pid, _)| pid)
+            .chain(self.refused.iter().copied())
+            .collect();
+        for pid in pids {
+            let Some(record) = processes.get(pid) else { continue };
             if pid == self.sysprof_pid {
                 continue;
             }
             if record.exited {
+                self.refused.remove(&pid);
                 if self.written.remove(&pid).is_some() {
                     let _ = entries.remove(&pid);
                 }
@@ -263,11 +276,12 @@ impl Unwinder {
             }
             if entries.insert(pid, entry.as_ref(), 0).is_ok() {
                 self.written.insert(pid, signature);
+                self.refused.remove(&pid);
             } else {
-                full += 1;
+                self.refused.insert(pid);
             }
         }
-        self.processes_full = self.processes_full.max(full);
+        self.processes_full = self.processes_full.max(self.refused.len());
         self.summary.processes = self.summary.processes.max(self.written.len());
         self.files.len() - pending_before
     }
