@@ -17,6 +17,9 @@ pub mod process_event {
     /// The unwinder stored a new stack with Python frames for a target process: userspace
     /// reads their code objects now, while the process (and they) still exist.
     pub const PYTHON_STACK: u32 = 5;
+    /// The least time between two execs' wakeups of userspace, which drains again this long
+    /// after an exec it was woken for: no exec waits longer to be read.
+    pub const EXEC_WAKEUP_GAP_NS: u64 = 5_000_000;
 }
 
 /// Life-cycle event of a target process: rare, so shipped through a ring buffer, which lets

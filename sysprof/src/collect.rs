@@ -10,7 +10,7 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use sysprof_common::{CallEvent, Counter, ProcessEvent};
+use sysprof_common::{CallEvent, Counter, ProcessEvent, process_event};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{Signal, SignalKind, signal},
@@ -370,6 +370,9 @@ pub async fn collect(
     let mut last_status = started - STATUS_EVERY;
     let deadline = plan.duration.map(|d| tokio::time::Instant::from_std(started + d));
     let mut command = plan.command.take();
+    // When to read the events again after an exec woke the loop: the execs of the next
+    // `EXEC_WAKEUP_GAP_NS` do not wake it (see the programs' `events::wakeup`).
+    let mut exec_recheck = None;
 
     let reason = loop {
         tokio::select! {
@@ -398,9 +401,20 @@ pub async fn collect(
             }
             guard = events.readable_mut() => {
                 let mut guard = guard?;
-                drain_events(guard.get_inner_mut(), processes);
+                if drain_events(guard.get_inner_mut(), processes) {
+                    exec_recheck = Some(
+                        tokio::time::Instant::now() + Duration::from_nanos(process_event::EXEC_WAKEUP_GAP_NS),
+                    );
+                }
                 guard.clear_ready();
                 // An exec or a dlopen: its tables now, not at the next tick.
+                if let Some(unwinder) = unwinder.as_deref_mut() {
+                    unwinder.sync(probes, processes);
+                }
+            }
+            _ = sleep_until(exec_recheck) => {
+                exec_recheck = None;
+                drain_events(events.get_mut(), processes);
                 if let Some(unwinder) = unwinder.as_deref_mut() {
                     unwinder.sync(probes, processes);
                 }
@@ -481,15 +495,19 @@ pub async fn collect(
     Ok(Collected { ended_by: reason, elapsed, end_ns, stats_coverage, costs, command })
 }
 
-fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) {
+/// Applies the process events the kernel sent; whether one was an exec.
+fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) -> bool {
+    let mut exec = false;
     while let Some(item) = ring.next() {
         if item.len() >= size_of::<ProcessEvent>() {
             // SAFETY: the kernel wrote a whole ProcessEvent (checked length); read_unaligned
             // because ring buffer records are only 8-byte aligned by convention.
             let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ProcessEvent>()) };
+            exec |= event.kind == process_event::EXEC;
             processes.on_event(&event);
         }
     }
+    exec
 }
 
 fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) {
