@@ -15,7 +15,8 @@ use crate::{
 };
 
 /// Re-read a new process's maps at these ages: its dynamic loader maps libraries in the first
-/// milliseconds after exec.
+/// milliseconds after exec. Only the first when the kernel announces executable mappings
+/// (`ProcessTable::announces_mappings`).
 const NEW_PROCESS_RESCANS: [Duration; 5] = [
     Duration::from_millis(2),
     Duration::from_millis(10),
@@ -90,6 +91,8 @@ pub struct ProcessTable {
     memory: Option<Schedule>,
     /// Built from a saved read-out: nothing is read from /proc.
     replayed: bool,
+    /// The kernel announces each executable mapping (`process_event::MAPPED`).
+    mappings_announced: bool,
     /// New stacks with Python frames the kernel reported, (pid, stack id), for the Python
     /// stage to read the code objects of.
     python_stacks: Vec<(u32, u32)>,
@@ -103,6 +106,7 @@ impl Default for ProcessTable {
             maps_version: 0,
             memory: None,
             replayed: false,
+            mappings_announced: false,
             python_stacks: Vec::new(),
         }
     }
@@ -130,6 +134,20 @@ impl ProcessTable {
             stamp(&mut table.maps_version, record);
         }
         table
+    }
+
+    /// The kernel will announce each executable mapping (the syscall exit program's `MAPPED`
+    /// events): a new process's maps are then read again 2 ms after its exec (the libraries
+    /// its loader maps first, before a short-lived one is gone), and on those events after, not
+    /// also at 10, 30 and 200 ms and 1 s. Those reads were most of sysprof's CPU under `make`
+    /// (five reads of each compiler's maps, which the kernel walks mapping by mapping).
+    pub fn announces_mappings(&mut self) {
+        self.mappings_announced = true;
+    }
+
+    /// The early rescans a new process gets (see `NEW_PROCESS_RESCANS`).
+    fn early_rescans(&self) -> &'static [Duration] {
+        if self.mappings_announced { &NEW_PROCESS_RESCANS[..1] } else { &NEW_PROCESS_RESCANS }
     }
 
     /// Re-reads live processes' maps this often (libraries loaded with dlopen show up then).
@@ -279,9 +297,10 @@ impl ProcessTable {
     pub fn rescan_due(&mut self) {
         let now = Instant::now();
         let live = self.user_processes().count();
+        let early = self.early_rescans();
         for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited && !p.kernel_thread) {
             let Some(last) = record.last_scan else { continue };
-            let due = match NEW_PROCESS_RESCANS.get(record.early_scans) {
+            let due = match early.get(record.early_scans) {
                 _ if record.mapped_since_scan => now >= last + MAPPED_RESCAN,
                 Some(&delay) if record.started_during_trace => now >= last + delay.min(self.rescan_interval),
                 _ => live <= MAX_PERIODIC_RESCANS && now >= last + self.rescan_interval,
@@ -308,7 +327,7 @@ impl ProcessTable {
                 if p.mapped_since_scan {
                     return Some(last + MAPPED_RESCAN);
                 }
-                let delay = NEW_PROCESS_RESCANS.get(p.early_scans).filter(|_| p.started_during_trace)?;
+                let delay = self.early_rescans().get(p.early_scans).filter(|_| p.started_during_trace)?;
                 Some(last + (*delay).min(self.rescan_interval))
             })
             .min()

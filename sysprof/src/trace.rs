@@ -217,7 +217,9 @@ async fn run(
     // A library a target loads is heard of from the syscall exit program, within milliseconds
     // (`process_event::MAPPED`): the fast rescans are for runs that trace no syscalls (they
     // read every process's maps five times a second, most of sysprof's CPU in a `--all`).
-    if (on.gpu || !config.functions.is_empty() || heap) && !(on.syscalls || on.memory) {
+    if on.syscalls || on.memory {
+        processes.announces_mappings();
+    } else if on.gpu || !config.functions.is_empty() || heap {
         processes.set_rescan_interval(procs::FAST_RESCAN_INTERVAL);
     }
     if on.memory {
