@@ -197,9 +197,7 @@ impl ProcessTable {
         if record.kernel_thread {
             return;
         }
-        if scan(pid, record, Instant::now()) {
-            stamp(&mut self.maps_version, record);
-        }
+        scan_and_stamp(&mut self.maps_version, pid, record, Instant::now());
         if record.memory.is_empty() {
             read_memory(self.memory.as_ref(), pid, record);
         }
@@ -256,9 +254,7 @@ impl ProcessTable {
                 if record.last_scan_ns <= event.time_ns || record.maps.is_none() {
                     record.maps = None;
                     record.maps_digest = None;
-                    if scan(event.pid, record, now) {
-                        stamp(&mut self.maps_version, record);
-                    }
+                    scan_and_stamp(&mut self.maps_version, event.pid, record, now);
                 }
             }
             process_event::PYTHON_STACK => self.python_stacks.push((event.pid, event.detail)),
@@ -268,11 +264,7 @@ impl ProcessTable {
                 let record = self.processes.entry(event.pid).or_default();
                 match record.last_scan {
                     Some(last) if now < last + MAPPED_RESCAN => record.mapped_since_scan = true,
-                    _ => {
-                        if scan(event.pid, record, now) {
-                            stamp(&mut self.maps_version, record);
-                        }
-                    }
+                    _ => scan_and_stamp(&mut self.maps_version, event.pid, record, now),
                 }
             }
             process_event::EXIT => {
@@ -310,9 +302,7 @@ impl ProcessTable {
                     record.early_scans += 1;
                 }
                 record.mapped_since_scan = false;
-                if scan(pid, record, now) {
-                    stamp(&mut self.maps_version, record);
-                }
+                scan_and_stamp(&mut self.maps_version, pid, record, now);
             }
         }
     }
@@ -374,9 +364,7 @@ impl ProcessTable {
         }
         self.sample_memory_due();
         for (&pid, record) in self.processes.iter_mut().filter(|(_, p)| !p.exited) {
-            if scan(pid, record, now) {
-                stamp(&mut self.maps_version, record);
-            }
+            scan_and_stamp(&mut self.maps_version, pid, record, now);
         }
     }
 
@@ -391,6 +379,18 @@ impl ProcessTable {
     /// one's mappings on every tick was most of sysprof's CPU under one.
     pub fn changed_since(&self, version: u64) -> impl Iterator<Item = (u32, &ProcessRecord)> {
         self.iter().filter(move |(_, record)| record.maps_stamp > version)
+    }
+
+    /// `changed_since(version)` and the processes of `retry` (those a stage could not finish
+    /// with before: it tries them again on each pass), each once, by pid.
+    pub fn changed_since_or(
+        &self,
+        version: u64,
+        retry: impl IntoIterator<Item = u32>,
+    ) -> Vec<(u32, &ProcessRecord)> {
+        let pids: std::collections::BTreeSet<u32> =
+            self.changed_since(version).map(|(pid, _)| pid).chain(retry).collect();
+        pids.into_iter().filter_map(|pid| Some((pid, self.get(pid)?))).collect()
     }
 
     /// Every process seen, by pid.
@@ -481,6 +481,13 @@ fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
             }
         }
         _ => false,
+    }
+}
+
+/// Reads the maps of `pid` (see `scan`), and stamps `record` when they changed.
+fn scan_and_stamp(version: &mut u64, pid: u32, record: &mut ProcessRecord, now: Instant) {
+    if scan(pid, record, now) {
+        stamp(version, record);
     }
 }
 

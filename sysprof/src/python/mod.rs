@@ -120,12 +120,20 @@ impl Python {
     }
 
     /// Writes or drops the entries of the processes that changed since `version` (see
-    /// `ProcessTable::changed_since`).
+    /// `ProcessTable::changed_since`), and tries again those the table had no room for, as
+    /// exits make room.
     fn write_entries(&mut self, probes: &mut Probes, processes: &mut ProcessTable, version: u64) {
         let Ok(map) = probes.map_mut(PROCESSES) else { return };
         let Ok(mut entries) = BpfHashMap::<&mut MapData, u32, PythonProcess>::try_from(map) else { return };
+        let refused: Vec<u32> = self
+            .summary
+            .processes_full
+            .iter()
+            .copied()
+            .filter(|pid| !self.written.contains_key(pid))
+            .collect();
         let mut found = Vec::new();
-        for (pid, record) in processes.changed_since(version) {
+        for (pid, record) in processes.changed_since_or(version, refused) {
             if record.exited {
                 if self.written.remove(&pid).is_some() {
                     let _ = entries.remove(&pid);

@@ -238,13 +238,7 @@ impl Unwinder {
         let Ok(mut entries) = BpfHashMap::<&mut MapData, u32, ProcessMappings>::try_from(map) else {
             return 0;
         };
-        let pids: std::collections::BTreeSet<u32> = processes
-            .changed_since(version)
-            .map(|(pid, _)| pid)
-            .chain(self.refused.iter().copied())
-            .collect();
-        for pid in pids {
-            let Some(record) = processes.get(pid) else { continue };
+        for (pid, record) in processes.changed_since_or(version, self.refused.clone()) {
             if pid == self.sysprof_pid {
                 continue;
             }
