@@ -9,11 +9,15 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use sysprof_common::{
-    Counter, SampleKey, TASK_COMM_LEN, capacity,
+    Counter, SampleKey, TASK_COMM_LEN, capacity, stack,
     timeline::{TimelineEvent, kind as timeline_kind},
 };
 
-use crate::{atomic, counters, maps::cpu_stack_id, target, timeline, window};
+use crate::{
+    counters,
+    maps::{add_count, cpu_stack_id, interrupted_user_mode},
+    target, timeline, window,
+};
 
 /// Sample counts per key.
 #[map]
@@ -36,11 +40,11 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         tgid,
         tid: pid_tgid as u32,
         user_stack_id: cpu_stack_id(ctx, BPF_F_USER_STACK as u64),
-        kernel_stack_id: cpu_stack_id(ctx, 0),
+        kernel_stack_id: if interrupted_user_mode(ctx) { stack::NONE } else { cpu_stack_id(ctx, 0) },
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     };
     counters::add(Counter::CpuSamples, 1);
-    if !increment(&key) {
+    if !add_count(&CPU_SAMPLES, &key, 1) {
         counters::add(Counter::CpuSamplesLost, 1);
     }
     if timeline::on() {
@@ -57,25 +61,5 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
             user_stack_id: key.user_stack_id,
             kernel_stack_id: key.kernel_stack_id,
         });
-    }
-}
-
-/// Adds one to the key's count; false when the map is full.
-#[inline(always)]
-fn increment(key: &SampleKey) -> bool {
-    if let Some(count) = CPU_SAMPLES.get_ptr_mut(key) {
-        atomic::add(count, 1);
-        return true;
-    }
-    // BPF_NOEXIST: another CPU may have inserted the key since the lookup; then add to it.
-    if CPU_SAMPLES.insert(key, 1, aya_ebpf::bindings::BPF_NOEXIST as u64).is_ok() {
-        return true;
-    }
-    match CPU_SAMPLES.get_ptr_mut(key) {
-        Some(count) => {
-            atomic::add(count, 1);
-            true
-        }
-        None => false,
     }
 }

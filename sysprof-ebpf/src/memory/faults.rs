@@ -19,13 +19,13 @@ use aya_ebpf::{
     maps::{Array, HashMap},
     programs::PerfEventContext,
 };
-use sysprof_common::{Counter, FAULT_STACKS_ALL, FaultKey, capacity};
+use sysprof_common::{Counter, FAULT_STACKS_ALL, FaultKey, capacity, stack};
 
 use crate::{
     atomic,
     config::config,
     counters,
-    maps::{FAULT_TRACES, FAULT_TRACES_OVERFLOW, add_count, stack_id_counted},
+    maps::{FAULT_TRACES, FAULT_TRACES_OVERFLOW, add_count, interrupted_user_mode, stack_id_counted},
     target, window,
 };
 
@@ -93,13 +93,11 @@ fn fault(ctx: &PerfEventContext, major: u32) {
             BPF_F_USER_STACK as u64,
             Counter::FaultStacksLost,
         ),
-        kernel_stack_id: stack_id_counted(
-            &FAULT_TRACES,
-            &FAULT_TRACES_OVERFLOW,
-            ctx,
-            0,
-            Counter::FaultStacksLost,
-        ),
+        kernel_stack_id: if interrupted_user_mode(ctx) {
+            stack::NONE
+        } else {
+            stack_id_counted(&FAULT_TRACES, &FAULT_TRACES_OVERFLOW, ctx, 0, Counter::FaultStacksLost)
+        },
     };
     if !add_count(&FAULT_STACKS, &key, u64::from(every)) {
         counters::add(Counter::FaultsLost, 1);
