@@ -263,7 +263,9 @@ pub struct Config {
     /// on a CPU, which the switch program takes its on-CPU time from (0 when unknown: the
     /// clock between its switches).
     pub task_exec_runtime_offset: u32,
-    pub _pad: u32,
+    /// Byte offset of `task_struct::start_boottime`, which the fork program sends with a new
+    /// process (`ProcessEvent::started_ns`); 0 when unknown (userspace then reads /proc).
+    pub task_start_boottime_offset: u32,
 }
 shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 18 * 4);
 

@@ -38,7 +38,12 @@ pub struct ProcessEvent {
     pub detail: u32,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at the event.
     pub time_ns: u64,
+    /// For [`process_event::FORK`], when the child started: `task_struct::start_boottime`
+    /// (CLOCK_BOOTTIME ns), which /proc/PID/stat's starttime counts in clock ticks. It tells
+    /// the process apart from a later one with its pid without reading /proc at every fork. 0
+    /// when unknown, and for the other kinds.
+    pub started_ns: u64,
     /// Process name after the event.
     pub comm: [u8; TASK_COMM_LEN],
 }
-shared!(ProcessEvent, 4 * 4 + 8 + TASK_COMM_LEN);
+shared!(ProcessEvent, 4 * 4 + 8 + 8 + TASK_COMM_LEN);

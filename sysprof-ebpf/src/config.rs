@@ -30,7 +30,7 @@ static CONFIG: Config = Config {
     task_min_flt_offset: 0,
     task_maj_flt_offset: 0,
     task_exec_runtime_offset: 0,
-    _pad: 0,
+    task_start_boottime_offset: 0,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

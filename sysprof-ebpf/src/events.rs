@@ -26,7 +26,7 @@ static EXEC_WOKE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Sends one event (see `sysprof_common::process_event`); a full ring counts a loss.
 #[inline(always)]
-pub fn emit(kind: u32, pid: u32, parent_pid: u32, detail: u32) {
+pub fn emit(kind: u32, pid: u32, parent_pid: u32, detail: u32, started_ns: u64) {
     let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessEvent>(0) else {
         counters::add(Counter::ProcessEventsLost, 1);
         return;
@@ -39,6 +39,7 @@ pub fn emit(kind: u32, pid: u32, parent_pid: u32, detail: u32) {
         parent_pid,
         detail,
         time_ns,
+        started_ns,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     });
     entry.submit(wakeup(kind, time_ns));

@@ -51,7 +51,13 @@ fn try_process_fork(ctx: &RawTracePointContext) {
     if config.filter == filter::TARGETS {
         target::add_target_process(child_tgid);
     }
-    emit(process_event::FORK, child_tgid, parent, 0);
+    // When it started, for userspace to know it by (see `ProcessEvent::started_ns`).
+    let started_ns = match config.task_start_boottime_offset {
+        0 => 0,
+        // SAFETY: as above.
+        offset => unsafe { bpf_probe_read_kernel(child.add(offset as usize) as *const u64) }.unwrap_or(0),
+    };
+    emit(process_event::FORK, child_tgid, parent, 0, started_ns);
 }
 
 /// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`,
@@ -79,7 +85,7 @@ fn try_process_exec() {
     }
     // The old program's mappings are gone: frame pointers until userspace writes the new ones.
     crate::unwind::forget(tgid);
-    emit(process_event::EXEC, tgid, 0, 0);
+    emit(process_event::EXEC, tgid, 0, 0, 0);
 }
 
 /// `sched_process_exit(struct task_struct *p)`, run by each exiting thread.
@@ -102,7 +108,7 @@ fn try_process_exit() {
     }
     // Its pid may be reused by a process with other mappings.
     crate::unwind::forget(tgid);
-    emit(process_event::EXIT, tgid, 0, 0);
+    emit(process_event::EXIT, tgid, 0, 0, 0);
 }
 
 /// Tells userspace that a target process mapped executable memory (see
@@ -110,5 +116,5 @@ fn try_process_exit() {
 /// stack, which would put that program on a private stack for every call.
 #[inline(never)]
 pub fn executable_mapped(tgid: u32) {
-    emit(process_event::MAPPED, tgid, 0, 0);
+    emit(process_event::MAPPED, tgid, 0, 0, 0);
 }

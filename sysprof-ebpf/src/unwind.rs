@@ -170,7 +170,7 @@ fn walk_current() -> Option<i32> {
     let id = store(&scratch.stack);
     if new_code && id >= 0 {
         // Its code objects are named while the process still has them.
-        crate::events::emit(sysprof_common::process_event::PYTHON_STACK, tgid, 0, id as u32);
+        crate::events::emit(sysprof_common::process_event::PYTHON_STACK, tgid, 0, id as u32, 0);
     }
     Some(id)
 }

@@ -35,6 +35,9 @@ pub struct TaskOffsets {
     /// `se.sum_exec_runtime`: each thread's time on a CPU as the scheduler counts it, which
     /// leaves out what the hypervisor took (steal); 0 where the kernel has no such field.
     pub exec_runtime: u32,
+    /// `start_boottime`: when a task started, which the fork program sends with each new
+    /// process; 0 where the kernel has no such field.
+    pub start_boottime: u32,
 }
 
 impl TaskOffsets {
@@ -57,6 +60,7 @@ impl TaskOffsets {
                 .member_offset("task_struct", "se")
                 .and_then(|se| Ok(se + btf.member_offset("sched_entity", "sum_exec_runtime")?))
                 .unwrap_or(0),
+            start_boottime: btf.member_offset("task_struct", "start_boottime").unwrap_or(0),
         })
     }
 }
@@ -354,6 +358,8 @@ mod tests {
         assert!(offsets.min_flt > 0);
         // A u64 inside the task's sched_entity (its offset is checked against btf-rs below).
         assert!(offsets.exec_runtime > 0 && offsets.exec_runtime.is_multiple_of(8));
+        // A u64 (since 5.5), after the monotonic start_time beside it.
+        assert!(offsets.start_boottime > 0 && offsets.start_boottime.is_multiple_of(8));
     }
 
     /// The walk agrees with btf-rs, a general BTF parser, on every named field of structs

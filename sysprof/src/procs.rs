@@ -218,10 +218,13 @@ impl ProcessTable {
                 record.name = comm;
                 record.parent = Some(event.parent_pid);
                 record.started_during_trace = true;
-                let stat = crate::target::proc_stat(event.pid);
-                record.start_ticks = stat.as_ref().map(|stat| stat.start_ticks);
-                // kthreadd's children are kernel threads.
-                record.kernel_thread = stat.is_some_and(|stat| stat.kernel_thread);
+                (record.start_ticks, record.kernel_thread) = match clock_ticks(event.started_ns) {
+                    // kthreadd's children are kernel threads.
+                    Some(ticks) => (Some(ticks), event.parent_pid == KTHREADD),
+                    // A kernel without the field: its /proc entry says, when it is still there.
+                    None => crate::target::proc_stat(event.pid)
+                        .map_or((None, false), |stat| (Some(stat.start_ticks), stat.kernel_thread)),
+                };
                 record.early_scans = 0;
                 match inherited {
                     // Not read: most children exec at once (and the exec reads them), and a
@@ -454,6 +457,21 @@ impl ProcessTable {
     }
 }
 
+/// The process id of kthreadd, whose children are the kernel threads.
+const KTHREADD: u32 = 2;
+
+/// A start time in CLOCK_BOOTTIME ns as /proc/PID/stat gives it: in clock ticks, rounded down
+/// as the kernel's `nsec_to_clock_t` does. `None` for 0 (unknown).
+fn clock_ticks(boottime_ns: u64) -> Option<u64> {
+    static NS_PER_TICK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let ns_per_tick = *NS_PER_TICK.get_or_init(|| {
+        // SAFETY: sysconf has no memory preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        1_000_000_000 / u64::try_from(hz).ok().filter(|hz| *hz > 0).unwrap_or(100)
+    });
+    (boottime_ns != 0).then(|| boottime_ns / ns_per_tick)
+}
+
 /// When `pid` started, in clock ticks after boot (see [`crate::target::ProcStat`]).
 pub fn start_ticks(pid: u32) -> Option<u64> {
     crate::target::proc_stat(pid).map(|stat| stat.start_ticks)
@@ -522,7 +540,7 @@ mod tests {
     fn event(kind: u32, pid: u32, parent_pid: u32, comm: &str) -> ProcessEvent {
         let mut name = [0u8; 16];
         name[..comm.len()].copy_from_slice(comm.as_bytes());
-        ProcessEvent { kind, pid, parent_pid, detail: 0, time_ns: 0, comm: name }
+        ProcessEvent { kind, pid, parent_pid, detail: 0, time_ns: 0, started_ns: 0, comm: name }
     }
 
     #[test]

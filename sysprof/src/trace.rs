@@ -180,7 +180,7 @@ fn kernel_config(
         task_min_flt_offset: offsets.min_flt,
         task_maj_flt_offset: offsets.maj_flt,
         task_exec_runtime_offset: offsets.exec_runtime,
-        _pad: 0,
+        task_start_boottime_offset: offsets.start_boottime,
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
