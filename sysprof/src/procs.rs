@@ -61,7 +61,8 @@ pub struct ProcessRecord {
     /// The digest of its executable mappings when last read (see `ProcessMaps::read_if_changed`).
     #[serde(skip)]
     maps_digest: Option<u64>,
-    /// When its maps were last read, on the kernel's monotonic clock (the events' clock).
+    /// When its maps were last read (the read began), on the kernel's monotonic clock (the
+    /// events' clock): what a process mapped before then is in them.
     #[serde(skip)]
     last_scan_ns: u64,
     /// When its maps were last read, and how many early rescans it has had.
@@ -266,6 +267,10 @@ impl ProcessTable {
                 // MAPPED_RESCAN old (a JIT maps code often).
                 let record = self.processes.entry(event.pid).or_default();
                 match record.last_scan {
+                    // A read that began after the mapping was made has it: the libraries a new
+                    // program's loader maps in its first millisecond are in the read at its
+                    // exec or its early rescan, and reading again would find nothing new.
+                    _ if record.maps.is_some() && record.last_scan_ns > event.time_ns => {}
                     Some(last) if now < last + MAPPED_RESCAN => record.mapped_since_scan = true,
                     _ => scan_and_stamp(&mut self.maps_version, event.pid, record, now),
                 }
@@ -335,11 +340,13 @@ impl ProcessTable {
         let before = record.maps_digest;
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
+            // When the read began: what was mapped after it may be missing from it.
+            let began = crate::probes::monotonic_ns();
             match ProcessMaps::read_if_changed(pid, before) {
                 Ok(Some((maps, digest))) if !maps.is_empty() => {
                     (record.maps, record.maps_digest) = (Some(maps), Some(digest));
                     record.last_scan = Some(Instant::now());
-                    record.last_scan_ns = crate::probes::monotonic_ns();
+                    record.last_scan_ns = began;
                     stamp(&mut self.maps_version, record);
                     return;
                 }
@@ -559,6 +566,24 @@ mod tests {
         table.on_event(&event(process_event::EXIT, child, 0, "worker"));
         assert!(table.get(child).unwrap().exited);
         assert!(!table.live_pids().any(|pid| pid == child));
+    }
+
+    #[test]
+    fn a_library_mapped_before_the_last_read_is_not_read_again() {
+        let mut table = ProcessTable::new();
+        let me = std::process::id();
+        table.observe_existing(me);
+        let read_at = table.get(me).unwrap().last_scan;
+        let mapped = |time_ns| ProcessEvent { time_ns, ..event(process_event::MAPPED, me, 0, "") };
+        // Mapped before the read began: the read has it.
+        table.on_event(&mapped(1));
+        let record = table.get(me).unwrap();
+        assert!(!record.mapped_since_scan);
+        assert_eq!(record.last_scan, read_at);
+        // Mapped after it: read again (at once, or MAPPED_RESCAN after the last read).
+        table.on_event(&mapped(u64::MAX));
+        let record = table.get(me).unwrap();
+        assert!(record.mapped_since_scan || record.last_scan != read_at);
     }
 
     #[test]
