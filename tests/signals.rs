@@ -45,6 +45,11 @@ fn counts_every_signal_the_target_took() {
         assert_eq!(row["sent_by"], sent_by, "{row:#}");
         assert_eq!(row["action"], "handler", "{row:#}");
     }
+    // Nothing else: sysprof's own stop of the command at its loader (Part B) is not a signal
+    // the target got.
+    let rows = report["signals"]["rows"].as_array().unwrap();
+    let others: Vec<&Value> = rows.iter().filter(|row| row["process"] == "signals").collect();
+    assert_eq!(others.len(), 3, "{others:#?}");
     assert_eq!(report["signals"]["lost"], 0);
     let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
     assert!(markdown.contains("### Signals"), "{markdown}");

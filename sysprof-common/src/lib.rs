@@ -25,6 +25,7 @@ mod calls;
 mod cpu;
 pub mod histogram;
 pub mod ksyms;
+pub mod loader;
 mod memory;
 mod process;
 pub mod python;
@@ -89,6 +90,9 @@ pub mod names {
     /// then. The programs count only between them, so the figures cover the trace's elapsed
     /// time and no more.
     pub const TRACE_WINDOW: &str = "TRACE_WINDOW";
+    /// Array of two u32s: the launched command's pid while it is to be held at its loader,
+    /// and while it is held there (see [`crate::loader`]).
+    pub const LOADER_GATE: &str = "LOADER_GATE";
     /// Hash: [`crate::OffCpuKey`] -> [`crate::OffCpuValue`].
     pub const OFFCPU: &str = "OFFCPU";
     /// Program array: `sched_switch_in`, which the context-switch program tail-calls.

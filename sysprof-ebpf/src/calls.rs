@@ -230,6 +230,20 @@ fn argument(ctx: &ProbeContext, index: usize) -> u64 {
     }
 }
 
+/// Where the probe is: the probed instruction (the kernel points the saved registers at the
+/// breakpoint's address while the probe's programs run).
+#[inline(always)]
+pub fn instruction_pointer(ctx: &ProbeContext) -> u64 {
+    // SAFETY: `regs` is the probe's register frame.
+    #[cfg(bpf_target_arch = "x86_64")]
+    return unsafe { (*ctx.regs).rip };
+    // SAFETY: as above.
+    #[cfg(bpf_target_arch = "aarch64")]
+    return unsafe { (*ctx.regs).pc };
+    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+    return 0;
+}
+
 /// The stack pointer at the probe.
 #[inline(always)]
 pub fn stack_pointer(ctx: &ProbeContext) -> u64 {

@@ -22,6 +22,7 @@ mod events;
 mod histogram;
 mod interrupts;
 mod ksyms;
+mod loader;
 mod maps;
 mod memory;
 mod nesting;

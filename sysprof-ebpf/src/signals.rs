@@ -24,6 +24,8 @@ const SI_QUEUE: i32 = -1;
 const SI_TIMER: i32 = -2;
 const SI_TKILL: i32 = -6;
 
+use sysprof_common::loader::SIGSTOP;
+
 /// `signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka)`.
 #[btf_tracepoint(function = "signal_deliver")]
 pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
@@ -31,7 +33,13 @@ pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
     if !target::is_current_target_cached(tgid) || !window::open() {
         return 0;
     }
-    if !add_count(&SIGNALS, &key_of(&ctx, tgid), 1)
+    let key = key_of(&ctx, tgid);
+    // sysprof's own stop of a launched command at its loader is its instrument, not a signal
+    // the target got from anyone (Part B says how long it held the command).
+    if key.signal == SIGSTOP && crate::loader::held(tgid) {
+        return 0;
+    }
+    if !add_count(&SIGNALS, &key, 1)
         && let Some(lost) = SIGNALS_LOST.get_ptr_mut(0)
     {
         // SAFETY: a per-CPU slot, used by one program at a time on this CPU.

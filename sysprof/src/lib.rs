@@ -37,6 +37,7 @@ pub mod gpu;
 pub(crate) mod ksyms;
 pub mod latency;
 pub(crate) mod launch;
+pub(crate) mod loader_gate;
 pub mod memory;
 pub mod merge;
 pub mod output;

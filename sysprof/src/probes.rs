@@ -427,7 +427,12 @@ impl Probes {
 
     /// Sets entry `index` of the `u64` array `name`.
     pub(crate) fn set_u64(&mut self, name: &str, index: u32, value: u64) -> anyhow::Result<()> {
-        let mut array: Array<&mut MapData, u64> = Array::try_from(self.map_mut(name)?)?;
+        self.set(name, index, value)
+    }
+
+    /// Writes entry `index` of the array map `name`.
+    pub(crate) fn set<T: aya::Pod>(&mut self, name: &str, index: u32, value: T) -> anyhow::Result<()> {
+        let mut array: Array<&mut MapData, T> = Array::try_from(self.map_mut(name)?)?;
         array.set(index, value, 0).with_context(|| format!("writing map {name}"))
     }
 
@@ -655,8 +660,16 @@ impl Probes {
 
     /// Detaches, in the background, the uprobes attached for process `pid` only (it exited).
     pub fn detach_process_uprobes(&mut self, pid: u32) {
-        let (mine, others) =
-            std::mem::take(&mut self.uprobe_links).into_iter().partition(|link| link.pid == Some(pid));
+        self.detach_uprobes_where(|link| link.pid == Some(pid));
+    }
+
+    /// Detaches, in the background, `program`'s uprobes attached for process `pid` only.
+    pub fn detach_process_uprobe(&mut self, pid: u32, program: &str) {
+        self.detach_uprobes_where(|link| link.pid == Some(pid) && link.program == program);
+    }
+
+    fn detach_uprobes_where(&mut self, which: impl Fn(&UprobeLinkRecord) -> bool) {
+        let (mine, others) = std::mem::take(&mut self.uprobe_links).into_iter().partition(which);
         self.uprobe_links = others;
         let owned = self.take_uprobe_links(mine);
         // Removing a uprobe waits for a kernel grace period (~80 ms here), one at a time: not

@@ -20,6 +20,7 @@ use crate::{
     funcs::FuncTracer,
     gpu::{GpuTracer, nvml},
     launch::GatedChild,
+    loader_gate::LoaderGate,
     memory::{self, heap::HeapTracer},
     output::OutputDir,
     privileges,
@@ -348,8 +349,21 @@ async fn run(
             processes.observe_existing(gated.pid());
             stop.launched(&[gated.pid()]);
             let pid = gated.pid();
+            // Stacks through code without frame pointers need the unwinder's entries for the
+            // command's libraries, written once its loader has mapped them: it waits there.
+            let hold = unwinder.as_ref().and_then(|_| LoaderGate::arm(&mut probes, pid, gated.program()));
             let watch = gated.release()?;
             processes.await_exec(pid, EXEC_WAIT);
+            if let Some(hold) = hold {
+                let held = hold.wait(&processes);
+                if held.is_some()
+                    && let Some(unwinder) = &mut unwinder
+                {
+                    processes.observe_existing(pid);
+                    unwinder.settle(&mut probes, &mut processes, UNWIND_SETTLE);
+                }
+                hold.open(&mut probes, held);
+            }
             Some(watch)
         }
         None => None,

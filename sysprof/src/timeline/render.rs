@@ -396,10 +396,11 @@ impl Writer {
 
     /// Memory per process and the GPUs' metrics, as counter tracks.
     fn counters(&mut self, sources: &Sources<'_>, start: u64) {
-        for (pid, record) in sources.processes.iter() {
-            if record.memory.is_empty() {
-                continue;
-            }
+        // In pid order: the table's own order differs between a trace and its replay.
+        let mut measured: Vec<_> =
+            sources.processes.iter().filter(|(_, record)| !record.memory.is_empty()).collect();
+        measured.sort_unstable_by_key(|&(pid, _)| pid);
+        for (pid, record) in measured {
             let track = uuid(MEMORY_TRACK, u64::from(pid));
             self.descriptor(TrackDescriptor {
                 uuid: Some(track),
