@@ -114,18 +114,16 @@ fn loader_of(program: &Path) -> Option<PathBuf> {
 /// Where to probe `_dl_debug_state` in `loader` (its file offset), and where `_r_debug.r_state`
 /// lies relative to the function (the probe's cookie: both are in the loader's one image).
 fn debug_state(loader: &Path) -> Option<(u64, u64)> {
-    let offset = *uprobes::elf::exported_functions(loader).ok()?.get("_dl_debug_state")?;
     let cache = object::ReadCache::new(File::open(loader).ok()?);
     let file = object::File::parse(&cache).ok()?;
-    let address = |name: &str| {
-        file.dynamic_symbols()
-            .find(|symbol| {
-                symbol.name().is_ok_and(|n| n.split('@').next() == Some(name)) && !symbol.is_undefined()
-            })
-            .map(|symbol| symbol.address())
+    let symbol = |name: &str| {
+        file.dynamic_symbols().find(|symbol| {
+            !symbol.is_undefined() && symbol.name().is_ok_and(|n| n.split('@').next() == Some(name))
+        })
     };
-    let (function, r_debug) = (address("_dl_debug_state")?, address("_r_debug")?);
-    Some((offset, (r_debug + R_STATE_OFFSET).wrapping_sub(function)))
+    let (function, r_debug) = (symbol("_dl_debug_state")?, symbol("_r_debug")?);
+    let offset = uprobes::elf::file_offset(&file, &function)?;
+    Some((offset, (r_debug.address() + R_STATE_OFFSET).wrapping_sub(function.address())))
 }
 
 /// Whether the maps read at the command's exec hold `loader` (they do unless the program

@@ -425,11 +425,6 @@ impl Probes {
         Ok(self.target_bits.as_ref().expect("mapped above"))
     }
 
-    /// Sets entry `index` of the `u64` array `name`.
-    pub(crate) fn set_u64(&mut self, name: &str, index: u32, value: u64) -> anyhow::Result<()> {
-        self.set(name, index, value)
-    }
-
     /// Writes entry `index` of the array map `name`.
     pub(crate) fn set<T: aya::Pod>(&mut self, name: &str, index: u32, value: T) -> anyhow::Result<()> {
         let mut array: Array<&mut MapData, T> = Array::try_from(self.map_mut(name)?)?;

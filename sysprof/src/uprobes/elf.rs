@@ -4,7 +4,7 @@
 use std::{collections::HashMap, fs::File, path::Path};
 
 use anyhow::Context as _;
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ReadCache};
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ReadCache, ReadRef};
 
 /// Exported function name -> file offset of its first instruction.
 pub type Exports = HashMap<String, u64>;
@@ -20,10 +20,7 @@ pub fn exported_functions(path: &Path) -> anyhow::Result<Exports> {
         if symbol.kind() != object::SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
             return;
         }
-        let (Ok(name), Some(index)) = (symbol.name(), symbol.section_index()) else { return };
-        let Ok(section) = elf.section_by_index(index) else { return };
-        let Some((section_offset, _)) = section.file_range() else { return };
-        let offset = symbol.address() - section.address() + section_offset;
+        let (Ok(name), Some(offset)) = (symbol.name(), file_offset(&elf, &symbol)) else { return };
         // Versioned names (cudaMalloc@@libcudart.so.12) answer to their plain name too.
         let plain = name.split('@').next().unwrap_or(name);
         exports.entry(plain.to_string()).or_insert(offset);
@@ -35,6 +32,16 @@ pub fn exported_functions(path: &Path) -> anyhow::Result<Exports> {
         add(&mut exports, symbol);
     }
     Ok(exports)
+}
+
+/// Where `symbol`'s address lies in the file `elf` was read from (what a uprobe is attached at).
+pub fn file_offset<'data, R: ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    symbol: &object::Symbol<'data, '_, R>,
+) -> Option<u64> {
+    let section = elf.section_by_index(symbol.section_index()?).ok()?;
+    let (section_offset, _) = section.file_range()?;
+    Some(symbol.address() - section.address() + section_offset)
 }
 
 #[cfg(test)]
