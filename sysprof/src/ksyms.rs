@@ -40,7 +40,7 @@ impl Probes {
         for batch in addresses.chunks(ksyms::BATCH as usize) {
             let mut requests: Array<&mut MapData, u64> = Array::try_from(self.map_mut(ksyms::ADDRESSES)?)?;
             for (index, &address) in batch.iter().enumerate() {
-                requests.set(index as u32, address, 0)?;
+                requests.set(index as u32, &address, 0)?;
             }
             let program: &mut RawTracePoint = program_mut(&mut self.ebpf, "kernel_symbols")?.try_into()?;
             let mut options = RawTracePointRunOptions::new();

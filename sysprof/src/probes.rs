@@ -131,44 +131,6 @@ struct UprobeLinkRecord {
     id: UProbeLinkId,
 }
 
-/// aya's loader, made on a thread of its own from the start of the trace. Making one reads and
-/// parses the kernel's BTF (45 ms of CPU and 20 MB here, which the start waited for), which
-/// sysprof's programs never use (`.btf(None)` at the load: they carry no CO-RE relocations);
-/// aya 0.14 has no way to skip it, so the thread hides the file from itself first (see
-/// `loader_without_btf`). Where it cannot, the parse overlaps the preflight, and is freed on
-/// that thread.
-pub struct LoaderAhead(std::thread::JoinHandle<EbpfLoader<'static>>);
-
-impl LoaderAhead {
-    pub fn start() -> Self {
-        LoaderAhead(std::thread::spawn(loader_without_btf))
-    }
-
-    pub fn get(self) -> EbpfLoader<'static> {
-        self.0.join().unwrap_or_else(|_| EbpfLoader::new())
-    }
-}
-
-/// aya's loader, without its parse of the kernel's BTF. Run on a thread of its own, which
-/// ends after: it gives itself a filesystem context of its own (`unshare(CLONE_FS)`: its root
-/// and working directory, not the process's) rooted at `/proc`, where
-/// `/sys/kernel/btf/vmlinux` does not resolve, so aya's read of it fails at once and it goes
-/// without. That needs CAP_SYS_CHROOT; without it (a capabilities-only run), or without
-/// `/proc`, the BTF is parsed and freed here.
-fn loader_without_btf() -> EbpfLoader<'static> {
-    // SAFETY: both calls change only this thread's filesystem context once unshared (if
-    // `unshare` fails, `chroot` is not called); nothing else runs on this thread.
-    let hidden = unsafe { libc::unshare(libc::CLONE_FS) == 0 && libc::chroot(c"/proc".as_ptr()) == 0 };
-    let mut loader = EbpfLoader::new();
-    if !hidden {
-        loader.btf(None);
-        // Its many small blocks go back to the system, not only to malloc's free lists.
-        // SAFETY: malloc_trim has no preconditions.
-        unsafe { libc::malloc_trim(0) };
-    }
-    loader
-}
-
 /// A program a family attaches, for [`Probes::preload`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Preload {
@@ -294,15 +256,6 @@ impl Probes {
     /// Loads the object with `config` baked into its read-only data and its maps sized. No
     /// program runs yet.
     pub fn load(config: &Config, sizes: MapSizes) -> anyhow::Result<Self> {
-        Self::load_with(LoaderAhead::start().get(), config, sizes)
-    }
-
-    /// `load`, with a loader made ahead (`LoaderAhead`).
-    pub fn load_with<'a>(
-        mut loader: EbpfLoader<'a>,
-        config: &'a Config,
-        sizes: MapSizes,
-    ) -> anyhow::Result<Self> {
         if BPF_OBJECT.is_empty() {
             anyhow::bail!(
                 "this sysprof was built with SYSPROF_BPF_SKIP and carries no BPF programs: build it with \
@@ -310,7 +263,9 @@ impl Probes {
             );
         }
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-        let ebpf = loader
+        // The programs carry no CO-RE relocations (Rust cannot emit them: see btf.rs), so aya
+        // never reads the kernel's BTF for them (it does only for such relocations).
+        let ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, config, true)
             .map_max_entries(names::STACKS, sizes.stacks)
             .map_max_entries(names::CPU_STACKS, sizes.stacks)
@@ -339,10 +294,6 @@ impl Probes {
             // TASK_STATE is a task-storage map, which aya creates but cannot read from
             // userspace: only the kernel side uses it.
             .allow_unsupported_maps()
-            // The programs carry no CO-RE relocations (Rust cannot emit them: see btf.rs), so
-            // the load needs no kernel BTF: a loader from `loader_without_btf` has none, and
-            // any other one's parse is dropped here.
-            .btf(None)
             .load(BPF_OBJECT)
             .context("loading sysprof's BPF object")?;
         Ok(Probes {
@@ -392,7 +343,7 @@ impl Probes {
     pub fn add_target_process(&mut self, pid: u32) -> anyhow::Result<()> {
         let mut targets: BpfHashMap<&mut MapData, u32, u8> =
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
-        targets.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the targets"))?;
+        targets.insert(&pid, &1, 0).with_context(|| format!("adding pid {pid} to the targets"))?;
         self.target_bits()?.set(pid, true);
         self.forget_switch_notes()
     }
@@ -428,7 +379,7 @@ impl Probes {
     /// Writes entry `index` of the array map `name`.
     pub(crate) fn set<T: aya::Pod>(&mut self, name: &str, index: u32, value: T) -> anyhow::Result<()> {
         let mut array: Array<&mut MapData, T> = Array::try_from(self.map_mut(name)?)?;
-        array.set(index, value, 0).with_context(|| format!("writing map {name}"))
+        array.set(index, &value, 0).with_context(|| format!("writing map {name}"))
     }
 
     /// Attaches the process life-cycle programs (fork, exec, exit).
@@ -634,7 +585,7 @@ impl Probes {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie: Some(cookie),
             };
-            let link = program.attach(point, path, scope).map_err(|error| {
+            let link = program.attach([point], path, scope).map_err(|error| {
                 let hint = if os_error(&error) == Some(libc::EACCES) && !privileges::has_sys_admin() {
                     " (uprobes need CAP_SYS_ADMIN: CAP_BPF and CAP_PERFMON are not enough; run sysprof as root)"
                 } else {

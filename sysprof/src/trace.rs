@@ -24,7 +24,7 @@ use crate::{
     memory::{self, heap::HeapTracer},
     output::OutputDir,
     privileges,
-    probes::{LoaderAhead, MapSizes, PROCESS_TRACKING, Preload, Probes, monotonic_ns},
+    probes::{MapSizes, PROCESS_TRACKING, Preload, Probes, monotonic_ns},
     procs::{self, ProcessTable},
     recording::ReportProps,
     results::{Results, TraceOutcome},
@@ -54,8 +54,6 @@ pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    // Before the preflight: its 50 ms overlap it (see LoaderAhead).
-    let loader = LoaderAhead::start();
     runtime.block_on(async {
         // First of all: from here on Ctrl-C, SIGTERM and SIGHUP end the trace instead of
         // killing sysprof, even one that arrives while the probes are being attached.
@@ -64,15 +62,11 @@ pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
         // timer) then runs the loop itself, where block_on's thread would be woken for each
         // one (two threads woken per event: a fifth of sysprof's CPU under a shell script).
         // The other worker answers signals while this one is busy.
-        tokio::spawn(preflight_and_run(config, loader, stop)).await.context("the trace's task")?
+        tokio::spawn(preflight_and_run(config, stop)).await.context("the trace's task")?
     })
 }
 
-async fn preflight_and_run(
-    config: TraceConfig,
-    loader: LoaderAhead,
-    stop: Stop,
-) -> anyhow::Result<TraceOutcome> {
+async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<TraceOutcome> {
     // Preflight: everything that can be wrong is found before any probe is attached.
     if !privileges::can_trace() {
         return Err(Error::NotPrivileged.into());
@@ -114,7 +108,7 @@ async fn preflight_and_run(
     let props = ReportProps::of(&config);
     let bpf_config = kernel_config(&config, &props, &resolved, offsets);
     let preflight = Preflight { props, resolved, bpf_config, output, limitations, tracepoint_ids };
-    run(config, preflight, loader, stop).await
+    run(config, preflight, stop).await
 }
 
 /// Bytes of kernel memory one entry of the stack map takes: 127 frames (the kernel's default
@@ -200,12 +194,7 @@ struct Preflight {
     tracepoint_ids: Option<TracepointIds>,
 }
 
-async fn run(
-    config: TraceConfig,
-    preflight: Preflight,
-    loader: LoaderAhead,
-    stop: Stop,
-) -> anyhow::Result<TraceOutcome> {
+async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::Result<TraceOutcome> {
     let Preflight { mut props, mut resolved, bpf_config, output, mut limitations, tracepoint_ids } =
         preflight;
     let started_at = SystemTime::now();
@@ -237,7 +226,7 @@ async fn run(
         live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
         unwind_chunks: unwind_chunks(config.unwind_memory_mib),
     };
-    let mut probes = Probes::load_with(loader.get(), &bpf_config, sizes)?;
+    let mut probes = Probes::load(&bpf_config, sizes)?;
     match tracepoint_ids {
         Some(ids) => probes.use_tracepoint_ids(ids),
         None if on.sched || on.syscalls => probes.parse_kernel_btf_ahead(),

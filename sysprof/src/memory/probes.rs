@@ -173,7 +173,7 @@ impl Probes {
         if by_task {
             let mut on: Array<&mut MapData, u32> =
                 Array::try_from(self.map_mut(names::FAULT_TASK_COUNTERS)?)?;
-            on.set(0, 1, 0)?;
+            on.set(0, &1, 0)?;
             self.fault_baselines = Some(HashMap::new());
         }
         Ok(())
@@ -198,7 +198,7 @@ impl Probes {
             for task in process.tasks().into_iter().flatten().flatten() {
                 if let Ok(stat) = task.stat() {
                     // A full map leaves the thread's earlier faults in: counted, not lost.
-                    let _ = baselines.insert(task.tid as u32, [stat.minflt, stat.majflt], 0);
+                    let _ = baselines.insert(&(task.tid as u32), &[stat.minflt, stat.majflt], 0);
                 }
             }
         }
@@ -226,7 +226,7 @@ impl Probes {
                 if count == 0 {
                     let _ = counts.remove(&key);
                 } else {
-                    counts.insert(key, count, 0).context("counting a target's faults")?;
+                    counts.insert(&key, &count, 0).context("counting a target's faults")?;
                 }
             }
         }

@@ -147,8 +147,8 @@ impl Memory {
         let data = self.read(object + layout.compact_header, (length * u64::from(kind)) as usize)?;
         let chars: Vec<u32> = match kind {
             1 => data.iter().map(|&b| u32::from(b)).collect(),
-            2 => data.chunks_exact(2).map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))).collect(),
-            4 => data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            2 => data.as_chunks::<2>().0.iter().map(|&c| u32::from(u16::from_le_bytes(c))).collect(),
+            4 => data.as_chunks::<4>().0.iter().map(|&c| u32::from_le_bytes(c)).collect(),
             _ => return None,
         };
         let text: String = chars.into_iter().map(|c| char::from_u32(c).unwrap_or('\u{fffd}')).collect();
@@ -214,7 +214,7 @@ fn live(head: &[u8]) -> bool {
 fn line_table_3_10(table: &[u8], first_line: u32) -> Vec<(u32, u32)> {
     let (mut start, mut line) = (0u32, i64::from(first_line));
     let mut spans = Vec::new();
-    for pair in table.chunks_exact(2) {
+    for pair in table.as_chunks::<2>().0 {
         let (advance, delta) = (u32::from(pair[0]), pair[1] as i8);
         let shown = if delta == -128 {
             0

@@ -155,7 +155,7 @@ impl Python {
         }
         let mut wrote = false;
         for (pid, (target, entry, version)) in found {
-            if entries.insert(pid, entry, 0).is_err() {
+            if entries.insert(&pid, &entry, 0).is_err() {
                 self.summary.processes_full.insert(pid);
                 continue;
             }
@@ -169,7 +169,7 @@ impl Python {
             && let Ok(map) = probes.map_mut(ANY_PROCESS)
             && let Ok(mut flag) = Array::<&mut MapData, u32>::try_from(map)
         {
-            let _ = flag.set(0, 1, 0);
+            let _ = flag.set(0, &1, 0);
         }
     }
 

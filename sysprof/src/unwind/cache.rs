@@ -200,7 +200,9 @@ fn decode(bytes: &[u8]) -> Option<Table> {
     let rows = u64_of(take(8)?) as usize;
     let body = take(rows.checked_mul(12)?)?;
     table.rows = body
-        .chunks_exact(12)
+        .as_chunks::<12>()
+        .0
+        .iter()
         .map(|b| UnwindRow {
             pc: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
             cfa_offset: i32::from_le_bytes([b[4], b[5], b[6], b[7]]),

@@ -268,7 +268,7 @@ impl Unwinder {
             if self.written.get(&pid) == Some(&signature) {
                 continue;
             }
-            if entries.insert(pid, entry.as_ref(), 0).is_ok() {
+            if entries.insert(&pid, entry.as_ref(), 0).is_ok() {
                 self.written.insert(pid, signature);
                 self.refused.remove(&pid);
             } else {
