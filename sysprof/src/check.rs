@@ -321,5 +321,5 @@ fn attach_own_uprobe(probes: &mut Probes) -> anyhow::Result<()> {
     let offset = *crate::uprobes::elf::exported_functions(&exe)?
         .get(symbol)
         .with_context(|| format!("sysprof's binary lost its symbol {symbol} (stripped?)"))?;
-    probes.attach_call(&exe, offset, u64::from(crate::uprobes::calibrate::CALIBRATION_ID))
+    probes.attach_calls(&exe, &[(offset, u64::from(crate::uprobes::calibrate::CALIBRATION_ID))]).map(drop)
 }

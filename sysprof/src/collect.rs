@@ -525,7 +525,9 @@ fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) {
 /// `--func`): its pages count in sysprof's memory (4 MiB, mapped twice), and most traces probe
 /// nothing. What the probes sent before waits in the kernel's ring meanwhile.
 fn map_call_events(probes: &mut Probes, ring: &mut Option<AsyncFd<RingBuf<MapData>>>) -> anyhow::Result<()> {
-    if ring.is_some() || !probes.attached().iter().any(|probe| probe.program == "call_enter") {
+    if ring.is_some()
+        || !probes.attached().iter().any(|probe| Probes::is_program(&probe.program, "call_enter"))
+    {
         return Ok(());
     }
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged until the

@@ -54,7 +54,7 @@ impl LoaderGate {
         let (offset, state_offset) = debug_state(&loader)?;
         probes.set(names::LOADER_GATE, TO_STOP, pid).ok()?;
         // Where the probe cannot attach, the command runs unheld, as without this.
-        if probes.attach_uprobes(&[PROGRAM], &loader, offset, state_offset, Some(pid)).is_err() {
+        if probes.attach_uprobes(&[PROGRAM], &loader, &[(offset, state_offset)], Some(pid)).is_err() {
             let _ = probes.set(names::LOADER_GATE, TO_STOP, 0u32);
             return None;
         }

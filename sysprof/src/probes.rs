@@ -19,6 +19,7 @@ use aya::{
         BtfTracePoint, ProgramError, RawTracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
+    sys::UProbeMultiFeature,
 };
 use serde::{Deserialize, Serialize};
 use sysprof_common::{Config, names};
@@ -228,7 +229,20 @@ pub struct Probes {
     pub(crate) fault_baselines: Option<HashMap<u32, [u64; 2]>>,
     /// The target set's bits, mapped when the first target is added (see `TargetBits`).
     target_bits: Option<TargetBits>,
+    /// Whether the kernel makes multi-uprobe links, for every process and for one process
+    /// (see `attach_functions`).
+    multi_uprobes: bool,
+    multi_uprobes_per_process: bool,
 }
+
+/// The uprobe programs with a copy for multi-uprobe links (`#[uprobe(multi)]`), which the
+/// kernel takes only from programs loaded for them.
+const MULTI_COPIES: [(&str, &str); 4] = [
+    ("call_enter", "call_enter_multi"),
+    ("call_return", "call_return_multi"),
+    ("alloc_enter", "alloc_enter_multi"),
+    ("alloc_return", "alloc_return_multi"),
+];
 
 /// What tells a file changed: its identity, size and modification time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,6 +324,14 @@ impl Probes {
             fault_counters_known: config.task_min_flt_offset != 0,
             fault_baselines: None,
             target_bits: None,
+            // A failed probe (a kernel before 6.6; before 6.10 for one process's links, whose
+            // filter then saw one thread) leaves the perf-event uprobes.
+            multi_uprobes: aya::sys::is_uprobe_multi_supported(UProbeMultiFeature::LinkCreation)
+                .unwrap_or(false),
+            multi_uprobes_per_process: aya::sys::is_uprobe_multi_supported(
+                UProbeMultiFeature::ProcessScopedPidFilter,
+            )
+            .unwrap_or(false),
         })
     }
 
@@ -554,22 +576,66 @@ impl Probes {
         Ok(program)
     }
 
-    /// Attaches the call programs (entry and return) at `offset` in `path` with `cookie`, for
-    /// every process (the programs filter targets in the kernel, children included). The return
-    /// probe goes first: a call caught entering but not returning would look open forever.
-    pub fn attach_call(&mut self, path: &std::path::Path, offset: u64, cookie: u64) -> anyhow::Result<()> {
-        self.attach_uprobes(&["call_return", "call_enter"], path, offset, cookie, None)
+    /// `program`, or its copy for multi-uprobe links where the kernel makes them for `pid`'s
+    /// scope (see `attach_functions`).
+    pub fn uprobe_program(&self, program: &'static str, pid: Option<u32>) -> &'static str {
+        let multi = if pid.is_some() { self.multi_uprobes_per_process } else { self.multi_uprobes };
+        match MULTI_COPIES.iter().find(|(single, _)| *single == program) {
+            Some(&(_, copy)) if multi => copy,
+            _ => program,
+        }
     }
 
-    /// Attaches uprobe programs, in order, at `offset` in `path` with `cookie`: for every
+    /// Whether `attached` is `program` or its multi-uprobe copy.
+    pub fn is_program(attached: &str, program: &str) -> bool {
+        attached == program
+            || MULTI_COPIES.iter().any(|&(single, copy)| single == program && attached == copy)
+    }
+
+    /// Attaches the call programs (entry and return) at each `(offset, cookie)` of `path`, for
+    /// every process (the programs filter targets in the kernel, children included); returns
+    /// how many links each program got. The return probe goes first: a call caught entering
+    /// but not returning would look open forever.
+    pub fn attach_calls(&mut self, path: &std::path::Path, points: &[(u64, u64)]) -> anyhow::Result<u32> {
+        self.attach_functions(&["call_return", "call_enter"], path, points, None)
+    }
+
+    /// Attaches `programs`, in order, at each `(offset, cookie)` of `path`, for every process
+    /// or process `pid` only; returns how many links each program got. One multi-uprobe link
+    /// per program where the kernel has them (`uprobe_program`), else a perf-event uprobe per
+    /// point: each link's removal waits for kernel grace periods (two, ~110 ms here, under a
+    /// lock every removal takes), so the CUDA runtime's 47 functions in one link end a trace
+    /// 10 s sooner than as 94 perf-event uprobes.
+    pub fn attach_functions(
+        &mut self,
+        programs: &[&'static str],
+        path: &std::path::Path,
+        points: &[(u64, u64)],
+        pid: Option<u32>,
+    ) -> anyhow::Result<u32> {
+        if points.is_empty() {
+            return Ok(0);
+        }
+        let chosen: Vec<&str> = programs.iter().map(|&program| self.uprobe_program(program, pid)).collect();
+        if chosen.iter().zip(programs).all(|(chosen, program)| chosen != program) {
+            self.attach_uprobes(&chosen, path, points, pid)?;
+            return Ok(1);
+        }
+        for &point in points {
+            self.attach_uprobes(programs, path, &[point], pid)?;
+        }
+        Ok(points.len() as u32)
+    }
+
+    /// Attaches uprobe programs, in order, at each `(offset, cookie)` of `path` (one link per
+    /// program: give several points to a program from a multi-uprobe section only): for every
     /// process (the programs filter targets in the kernel), or for process `pid` only, whose
     /// memory alone then gets the breakpoints (see `detach_process_uprobes`).
     pub fn attach_uprobes(
         &mut self,
         programs: &[&str],
         path: &std::path::Path,
-        offset: u64,
-        cookie: u64,
+        points: &[(u64, u64)],
         pid: Option<u32>,
     ) -> anyhow::Result<()> {
         let scope = match pid.and_then(NonZeroU32::new) {
@@ -581,18 +647,22 @@ impl Probes {
             if program.fd().is_err() {
                 program.load().map_err(|e| rejected(name, e))?;
             }
-            let point = UProbeAttachPoint {
+            let located = points.iter().map(|&(offset, cookie)| UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie: Some(cookie),
-            };
-            let link = program.attach([point], path, scope).map_err(|error| {
+            });
+            let link = program.attach(located, path, scope).map_err(|error| {
                 let hint = if os_error(&error) == Some(libc::EACCES) && !privileges::has_sys_admin() {
                     " (uprobes need CAP_SYS_ADMIN: CAP_BPF and CAP_PERFMON are not enough; run sysprof as root)"
                 } else {
                     ""
                 };
                 let cause = anyhow::Error::new(error);
-                anyhow!("attaching {name} at {offset:#x} in {}: {cause:#}{hint}", path.display())
+                let at = match points {
+                    [(offset, _)] => format!("at {offset:#x}"),
+                    _ => format!("at {} functions", points.len()),
+                };
+                anyhow!("attaching {name} {at} in {}: {cause:#}{hint}", path.display())
             })?;
             self.uprobe_links.push(UprobeLinkRecord { pid, program: name.to_string(), id: link });
         }
@@ -618,8 +688,8 @@ impl Probes {
         let (mine, others) = std::mem::take(&mut self.uprobe_links).into_iter().partition(which);
         self.uprobe_links = others;
         let owned = self.take_uprobe_links(mine);
-        // Removing a uprobe waits for a kernel grace period (~80 ms here), one at a time: not
-        // on the collector's thread.
+        // Removing a uprobe link waits for kernel grace periods (~110 ms here), one removal at
+        // a time: not on the collector's thread.
         self.closing.push(std::thread::spawn(move || drop(owned)));
     }
 
@@ -636,7 +706,9 @@ impl Probes {
 
     /// Records, for Part B, that the call programs were attached `links` times to `what`.
     pub fn note_call_probes(&mut self, what: &str, links: u32) {
-        self.note_uprobes(&[("call_enter", "uprobe"), ("call_return", "uretprobe")], what, links);
+        let (enter, leave) =
+            (self.uprobe_program("call_enter", None), self.uprobe_program("call_return", None));
+        self.note_uprobes(&[(enter, "uprobe"), (leave, "uretprobe")], what, links);
     }
 
     /// Records, for Part B, that `(program, kind)` pairs were attached `links` times to `what`
@@ -776,8 +848,8 @@ impl Probes {
     }
 
     /// Detaches and unloads everything, then checks with the kernel that no program remains;
-    /// on a thread of its own, as removing uprobes takes a kernel grace period each (about
-    /// 80 ms here, one after the other): the results are symbolized meanwhile.
+    /// on a thread of its own, as removing a uprobe link takes kernel grace periods (about
+    /// 110 ms here, one removal after the other): the results are symbolized meanwhile.
     pub fn detach(self) -> Detaching {
         Detaching(std::thread::spawn(move || self.detach_now()))
     }
@@ -792,8 +864,10 @@ impl Probes {
         for closing in self.closing.drain(..) {
             let _ = closing.join();
         }
-        // Each uprobe waits for a grace period of its own as it is removed (~100 ms here):
-        // closed side by side, the waits overlap instead of adding up.
+        // Each link waits for grace periods of its own as it is removed (~110 ms here), mostly
+        // under a lock every removal takes, so they add up (122 perf-event uprobes took 13 s;
+        // multi-uprobe links keep them few: `attach_functions`); closed side by side all the
+        // same, for what does overlap.
         let uprobes = std::mem::take(&mut self.uprobe_links);
         let owned = self.take_uprobe_links(uprobes);
         std::thread::scope(|scope| {

@@ -210,7 +210,8 @@ fn calibrate_probes(
     limitations: &mut Vec<String>,
     quiet: bool,
 ) -> (Option<f64>, Option<f64>) {
-    let attached = |program: &str| probes.attached().iter().any(|probe| probe.program == program);
+    let attached =
+        |program: &str| probes.attached().iter().any(|probe| Probes::is_program(&probe.program, program));
     let (calls, heap) = (attached("call_enter"), attached("alloc_enter"));
     let mut failed = |what: &str, error: anyhow::Error| {
         let line = format!("the cost of {what} could not be measured: {error:#}");

@@ -274,8 +274,9 @@ pub fn loaded_program_names() -> Vec<String> {
     aya::programs::loaded_programs().filter_map(|info| info.ok()?.name_as_str().map(String::from)).collect()
 }
 
-/// sysprof's program names, as the kernel lists them.
-pub const SYSPROF_PROGRAMS: [&str; 15] = [
+/// sysprof's program names, as the kernel lists them (15 characters at most: the copies for
+/// multi-uprobe links are cut).
+pub const SYSPROF_PROGRAMS: [&str; 19] = [
     "cpu_sample",
     "process_fork",
     "process_exec",
@@ -291,6 +292,10 @@ pub const SYSPROF_PROGRAMS: [&str; 15] = [
     "alloc_enter",
     "alloc_return",
     "free_enter",
+    "call_enter_mult",
+    "call_return_mul",
+    "alloc_enter_mul",
+    "alloc_return_mu",
 ];
 
 /// Asserts no sysprof program is loaded (after a run has exited).

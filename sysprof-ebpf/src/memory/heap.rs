@@ -52,14 +52,27 @@ pub struct AllocInFlight {
 #[aya_ebpf::macros::btf_map]
 static ALLOC_STATE: TaskStorage<AllocInFlight> = TaskStorage::new();
 
+/// An allocator's entry, attached one function at a time (a perf-event uprobe each).
 #[uprobe]
 pub fn alloc_enter(ctx: ProbeContext) -> u32 {
+    enter(&ctx)
+}
+
+/// `alloc_enter` for a multi-uprobe link (Linux 6.6+): an allocator's functions in one link,
+/// which detaches in one kernel grace period, not one per function (see `calls.rs`).
+#[uprobe(multi)]
+pub fn alloc_enter_multi(ctx: ProbeContext) -> u32 {
+    enter(&ctx)
+}
+
+#[inline(always)]
+fn enter(ctx: &ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !target::is_current_target_cached(tgid) || !crate::window::open_or_calibrating(tgid) {
         return 0;
     }
     let Some(state) = ALLOC_STATE.current(true) else { return 0 };
-    if !state.nesting.enter(crate::calls::stack_pointer(&ctx)) {
+    if !state.nesting.enter(crate::calls::stack_pointer(ctx)) {
         // realloc calling malloc inside the allocator: counted once.
         return 0;
     }
@@ -77,9 +90,9 @@ pub fn alloc_enter(ctx: ProbeContext) -> u32 {
     state.tgid = tgid;
     state.size = size;
     state.pointer = pointer;
-    let entry = crate::unwind::probe_entry(&ctx, tgid);
-    state.caller = crate::calls::caller(&ctx, &entry);
-    state.user_stack_id = state.stack.user_stack(&ctx, &entry, false);
+    let entry = crate::unwind::probe_entry(ctx, tgid);
+    state.caller = crate::calls::caller(ctx, &entry);
+    state.user_stack_id = state.stack.user_stack(ctx, &entry, false);
     0
 }
 
@@ -101,8 +114,20 @@ fn calloc_bytes(count: u64, size: u64) -> u64 {
     if bytes < low { u64::MAX } else { bytes }
 }
 
+/// An allocator's return (see `alloc_enter`).
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+    leave(&ctx)
+}
+
+/// `alloc_return` for a multi-uprobe link (see `alloc_enter_multi`).
+#[uretprobe(multi)]
+pub fn alloc_return_multi(ctx: RetProbeContext) -> u32 {
+    leave(&ctx)
+}
+
+#[inline(always)]
+fn leave(ctx: &RetProbeContext) -> u32 {
     let Some(state) = ALLOC_STATE.current(false) else { return 0 };
     if !state.nesting.leave() {
         return 0;

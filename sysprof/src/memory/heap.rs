@@ -158,7 +158,7 @@ impl HeapTracer {
             if self.probed_processes == MAX_PROCESSES {
                 self.problems.push(format!(
                     "--malloc: the heap of target processes beyond the first {MAX_PROCESSES} is not traced \
-                     (each process's probes take about a second to remove)"
+                     (each process's probes take a fraction of a second to remove, one after another)"
                 ));
             }
             self.probed_processes += 1;
@@ -168,12 +168,15 @@ impl HeapTracer {
         }
         let owner = (!self.system_wide).then_some(pid);
         match attach_allocator(&mut self.probes, probes, path, owner) {
-            Ok(functions) if functions.is_empty() => {}
-            Ok(functions) => {
-                let allocating = functions.iter().filter(|f| *f != FREEING).count() as u32;
+            Ok((functions, _)) if functions.is_empty() => {}
+            Ok((functions, allocating)) => {
                 let whom = if self.system_wide { "every process" } else { "each target process" };
+                let (enter, leave) = (
+                    probes.uprobe_program("alloc_enter", owner),
+                    probes.uprobe_program("alloc_return", owner),
+                );
                 probes.note_uprobes(
-                    &[("alloc_enter", "uprobe"), ("alloc_return", "uretprobe")],
+                    &[(enter, "uprobe"), (leave, "uretprobe")],
                     &format!(
                         "{allocator} allocator {} ({}), in {whom}",
                         path.display(),
@@ -204,49 +207,55 @@ impl HeapTracer {
     }
 }
 
-/// Target processes whose heap is traced: removing a process's probes takes the kernel about a
-/// second (a grace period per probe, one at a time), which a fork-heavy target would multiply.
+/// Target processes whose heap is traced: removing a process's probes takes the kernel 0.3 s
+/// (three links: the allocating functions' two multi-uprobe links and free's; a second with a
+/// link per function, before Linux 6.10), which a fork-heavy target would multiply.
 const MAX_PROCESSES: usize = 32;
 
 /// What the report calls an allocator linked into the program itself.
 const LINKED_IN: &str = "linked into the program";
 
 /// Attaches the heap programs to every allocator function `path` defines, for process `pid`
-/// (`None`: every process); returns the functions' names.
+/// (`None`: every process); returns the functions' names, and how many links each of the
+/// allocation programs got (see `Probes::attach_functions`).
 fn attach_allocator(
     known: &mut CallProbes,
     probes: &mut Probes,
     path: &Path,
     pid: Option<u32>,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<(Vec<String>, u32)> {
     let exports = known.exports(path)?.clone();
     let mut functions = Vec::new();
     // Aliases (memalign and aligned_alloc in some glibc versions) share an address: one probe.
     let mut offsets: HashMap<u64, &str> = HashMap::new();
+    let mut points = Vec::new();
     for (name, kind) in ALLOCATING {
         let Some(&offset) = exports.get(name) else { continue };
         if offsets.insert(offset, name).is_some() {
             continue;
         }
-        probes.attach_uprobes(&ALLOC_PROGRAMS, path, offset, kind, pid)?;
+        points.push((offset, kind));
         functions.push(name.to_string());
     }
+    let links = probes.attach_functions(&ALLOC_PROGRAMS, path, &points, pid)?;
     if let Some(&offset) = exports.get(FREEING) {
-        probes.attach_uprobes(&[FREE_PROGRAM], path, offset, 0, pid)?;
+        probes.attach_uprobes(&[FREE_PROGRAM], path, &[(offset, 0)], pid)?;
         functions.push(FREEING.to_string());
     }
-    Ok(functions)
+    Ok((functions, links))
 }
 
 /// Nanoseconds an allocator call costs more under the heap probes, measured on sysprof's own
 /// calibration function probed as malloc is.
 pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
     calibrate::measure_heap_probe_cost(probes, |probes, exe, offset| {
-        probes.attach_uprobes(&ALLOC_PROGRAMS, exe, offset, alloc::MALLOC, None)?;
+        let links = probes.attach_functions(&ALLOC_PROGRAMS, exe, &[(offset, alloc::MALLOC)], None)?;
+        let (enter, leave) =
+            (probes.uprobe_program("alloc_enter", None), probes.uprobe_program("alloc_return", None));
         probes.note_uprobes(
-            &[("alloc_enter", "uprobe"), ("alloc_return", "uretprobe")],
+            &[(enter, "uprobe"), (leave, "uretprobe")],
             "sysprof's own sysprof_heap_probe_calibration (measures the cost of a heap probe hit)",
-            1,
+            links,
         );
         Ok(())
     })

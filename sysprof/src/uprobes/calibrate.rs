@@ -42,10 +42,10 @@ fn time_calls(function: extern "C" fn(u64) -> u64) -> f64 {
 /// Nanoseconds a call probed by the call programs costs more than a bare one.
 pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
     measure(probes, "sysprof_probe_calibration", sysprof_probe_calibration, |probes, exe, offset| {
-        probes.attach_call(exe, offset, u64::from(CALIBRATION_ID))?;
+        let links = probes.attach_calls(exe, &[(offset, u64::from(CALIBRATION_ID))])?;
         probes.note_call_probes(
             "sysprof's own sysprof_probe_calibration (measures the cost of a probe hit)",
-            1,
+            links,
         );
         Ok(())
     })

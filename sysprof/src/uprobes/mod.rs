@@ -58,17 +58,19 @@ impl CallProbes {
     ) -> anyhow::Result<usize> {
         let id = file_id(path).with_context(|| format!("no file at {}", path.display()))?;
         let exports = self.exports(path)?.clone();
-        let mut count = 0;
-        for &(name, function_id, flags) in functions {
-            let Some(&offset) = exports.get(name) else { continue };
-            probes
-                .attach_call(path, offset, u64::from(function_id) | flags)
-                .with_context(|| format!("probing {name} in {}", path.display()))?;
-            count += 1;
-        }
+        let points: Vec<(u64, u64)> = functions
+            .iter()
+            .filter_map(|&(name, function_id, flags)| {
+                exports.get(name).map(|&offset| (offset, u64::from(function_id) | flags))
+            })
+            .collect();
+        let count = points.len();
+        let links = probes
+            .attach_calls(path, &points)
+            .with_context(|| format!("probing {label} functions in {}", path.display()))?;
         self.files.insert(id);
         if count > 0 {
-            probes.note_call_probes(&format!("{label} {} ({count} functions)", path.display()), count as u32);
+            probes.note_call_probes(&format!("{label} {} ({count} functions)", path.display()), links);
             self.attached.push((path.to_path_buf(), count));
         }
         Ok(count)
@@ -86,8 +88,8 @@ impl CallProbes {
             .exports(path)?
             .get(symbol)
             .with_context(|| format!("{} has no function {symbol}", path.display()))?;
-        probes.attach_call(path, offset, u64::from(id) | call::ERROR_IF_NEGATIVE)?;
-        probes.note_call_probes(&format!("function {symbol} in {}", path.display()), 1);
+        let links = probes.attach_calls(path, &[(offset, u64::from(id) | call::ERROR_IF_NEGATIVE)])?;
+        probes.note_call_probes(&format!("function {symbol} in {}", path.display()), links);
         Ok(())
     }
 }
