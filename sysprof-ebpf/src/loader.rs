@@ -31,6 +31,18 @@ pub fn held(tgid: u32) -> bool {
 /// where the loader's `_r_debug.r_state` lies, relative to the function.
 #[uprobe]
 pub fn loader_ready(ctx: ProbeContext) -> u32 {
+    ready(&ctx)
+}
+
+/// `loader_ready` for a multi-uprobe link (Linux 6.10+ for one process's), which needs no
+/// CAP_SYS_ADMIN (see `calls.rs`).
+#[uprobe(multi)]
+pub fn loader_ready_multi(ctx: ProbeContext) -> u32 {
+    ready(&ctx)
+}
+
+#[inline(always)]
+fn ready(ctx: &ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let Some(gate) = LOADER_GATE.get_ptr_mut(TO_STOP) else { return 0 };
     // SAFETY: the map's one entry, a u32 this program and userspace only read and overwrite.
@@ -39,7 +51,7 @@ pub fn loader_ready(ctx: ProbeContext) -> u32 {
     }
     // SAFETY: plain helper call on this program's context.
     let offset = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let state_at = crate::calls::instruction_pointer(&ctx).wrapping_add(offset);
+    let state_at = crate::calls::instruction_pointer(ctx).wrapping_add(offset);
     // SAFETY: a checked read of the process's memory.
     if unsafe { bpf_probe_read_user(state_at as *const i32) } != Ok(RT_CONSISTENT) {
         return 0;

@@ -269,7 +269,14 @@ fn bpf_findings(uprobe_pmu: bool) -> Vec<Finding> {
             Ok(()) => Finding {
                 name: "uprobes",
                 status: "ok",
-                detail: "a uprobe attaches (--malloc, --func and GPU probes work)".into(),
+                detail: if probes.multi_uprobes() {
+                    "a uprobe attaches, as a multi-uprobe link (--malloc, --func and GPU probes work, a \
+                     library's functions in one link)"
+                } else {
+                    "a uprobe attaches, as a perf-event uprobe (--malloc, --func and GPU probes work, a \
+                     link per function: Linux 6.6 makes one link of a library's)"
+                }
+                .into(),
             },
             Err(error) => Finding {
                 name: "uprobes",

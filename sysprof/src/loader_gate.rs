@@ -54,7 +54,7 @@ impl LoaderGate {
         let (offset, state_offset) = debug_state(&loader)?;
         probes.set(names::LOADER_GATE, TO_STOP, pid).ok()?;
         // Where the probe cannot attach, the command runs unheld, as without this.
-        if probes.attach_uprobes(&[PROGRAM], &loader, &[(offset, state_offset)], Some(pid)).is_err() {
+        if probes.attach_functions(&[PROGRAM], &loader, &[(offset, state_offset)], Some(pid)).is_err() {
             let _ = probes.set(names::LOADER_GATE, TO_STOP, 0u32);
             return None;
         }
@@ -91,7 +91,8 @@ impl LoaderGate {
                 "{loader} _dl_debug_state, the launched command's loader: not held (it did not stop there)"
             ),
         };
-        probes.note_uprobes(&[(PROGRAM, "uprobe")], &what, 1);
+        let program = probes.uprobe_program(PROGRAM, Some(self.pid));
+        probes.note_uprobes(&[(program, "uprobe")], &what, 1);
     }
 }
 

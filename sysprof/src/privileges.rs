@@ -37,8 +37,9 @@ pub fn can_trace() -> bool {
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
-/// Whether CAP_SYS_ADMIN is effective: attaching uprobes needs it besides CAP_BPF and
-/// CAP_PERFMON (perf_event_open answers EACCES without it).
+/// Whether CAP_SYS_ADMIN is effective: attaching a perf-event uprobe (the kind left where the
+/// kernel makes no multi-uprobe links) needs it besides CAP_BPF and CAP_PERFMON
+/// (perf_event_open answers EACCES without it).
 pub fn has_sys_admin() -> bool {
     effective_capabilities().is_some_and(|caps| caps & (1u64 << CAP_SYS_ADMIN) != 0)
 }

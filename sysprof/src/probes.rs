@@ -237,11 +237,13 @@ pub struct Probes {
 
 /// The uprobe programs with a copy for multi-uprobe links (`#[uprobe(multi)]`), which the
 /// kernel takes only from programs loaded for them.
-const MULTI_COPIES: [(&str, &str); 4] = [
+const MULTI_COPIES: [(&str, &str); 6] = [
     ("call_enter", "call_enter_multi"),
     ("call_return", "call_return_multi"),
     ("alloc_enter", "alloc_enter_multi"),
     ("alloc_return", "alloc_return_multi"),
+    ("free_enter", "free_enter_multi"),
+    ("loader_ready", "loader_ready_multi"),
 ];
 
 /// What tells a file changed: its identity, size and modification time.
@@ -586,6 +588,11 @@ impl Probes {
         }
     }
 
+    /// Whether the kernel makes multi-uprobe links for every process (see `attach_functions`).
+    pub fn multi_uprobes(&self) -> bool {
+        self.multi_uprobes
+    }
+
     /// Whether `attached` is `program` or its multi-uprobe copy.
     pub fn is_program(attached: &str, program: &str) -> bool {
         attached == program
@@ -605,7 +612,8 @@ impl Probes {
     /// per program where the kernel has them (`uprobe_program`), else a perf-event uprobe per
     /// point: each link's removal waits for kernel grace periods (two, ~110 ms here, under a
     /// lock every removal takes), so the CUDA runtime's 47 functions in one link end a trace
-    /// 10 s sooner than as 94 perf-event uprobes.
+    /// 10 s sooner than as 94 perf-event uprobes. A multi-uprobe link also needs no more than
+    /// CAP_BPF and CAP_PERFMON, where a perf-event uprobe needs CAP_SYS_ADMIN.
     pub fn attach_functions(
         &mut self,
         programs: &[&'static str],
@@ -631,7 +639,7 @@ impl Probes {
     /// program: give several points to a program from a multi-uprobe section only): for every
     /// process (the programs filter targets in the kernel), or for process `pid` only, whose
     /// memory alone then gets the breakpoints (see `detach_process_uprobes`).
-    pub fn attach_uprobes(
+    fn attach_uprobes(
         &mut self,
         programs: &[&str],
         path: &std::path::Path,
@@ -652,7 +660,11 @@ impl Probes {
                 cookie: Some(cookie),
             });
             let link = program.attach(located, path, scope).map_err(|error| {
-                let hint = if os_error(&error) == Some(libc::EACCES) && !privileges::has_sys_admin() {
+                let perf_event = !MULTI_COPIES.iter().any(|&(_, copy)| copy == name);
+                let hint = if perf_event
+                    && os_error(&error) == Some(libc::EACCES)
+                    && !privileges::has_sys_admin()
+                {
                     " (uprobes need CAP_SYS_ADMIN: CAP_BPF and CAP_PERFMON are not enough; run sysprof as root)"
                 } else {
                     ""
@@ -681,7 +693,7 @@ impl Probes {
 
     /// Detaches, in the background, `program`'s uprobes attached for process `pid` only.
     pub fn detach_process_uprobe(&mut self, pid: u32, program: &str) {
-        self.detach_uprobes_where(|link| link.pid == Some(pid) && link.program == program);
+        self.detach_uprobes_where(|link| link.pid == Some(pid) && Self::is_program(&link.program, program));
     }
 
     fn detach_uprobes_where(&mut self, which: impl Fn(&UprobeLinkRecord) -> bool) {

@@ -269,6 +269,14 @@ pub fn read_report(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// Whether the running kernel is `major.minor` or later.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts =
+        release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
 /// Names of the BPF programs loaded in the kernel now (the kernel keeps 15 characters).
 pub fn loaded_program_names() -> Vec<String> {
     aya::programs::loaded_programs().filter_map(|info| info.ok()?.name_as_str().map(String::from)).collect()
@@ -276,7 +284,7 @@ pub fn loaded_program_names() -> Vec<String> {
 
 /// sysprof's program names, as the kernel lists them (15 characters at most: the copies for
 /// multi-uprobe links are cut).
-pub const SYSPROF_PROGRAMS: [&str; 19] = [
+pub const SYSPROF_PROGRAMS: [&str; 22] = [
     "cpu_sample",
     "process_fork",
     "process_exec",
@@ -296,6 +304,9 @@ pub const SYSPROF_PROGRAMS: [&str; 19] = [
     "call_return_mul",
     "alloc_enter_mul",
     "alloc_return_mu",
+    "free_enter_mult",
+    "loader_ready",
+    "loader_ready_mu",
 ];
 
 /// Asserts no sysprof program is loaded (after a run has exited).

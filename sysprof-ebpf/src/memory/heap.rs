@@ -202,6 +202,17 @@ fn add_to_site(key: AllocKey, size: u64) {
 
 #[uprobe]
 pub fn free_enter(ctx: ProbeContext) -> u32 {
+    free(&ctx)
+}
+
+/// `free_enter` for a multi-uprobe link (see `alloc_enter_multi`).
+#[uprobe(multi)]
+pub fn free_enter_multi(ctx: ProbeContext) -> u32 {
+    free(&ctx)
+}
+
+#[inline(always)]
+fn free(ctx: &ProbeContext) -> u32 {
     let ptr = ctx.arg::<u64>(0).unwrap_or(0);
     if ptr == 0 {
         return 0;

@@ -186,7 +186,7 @@ impl HeapTracer {
                 );
                 if functions.iter().any(|f| f == FREEING) {
                     probes.note_uprobes(
-                        &[(FREE_PROGRAM, "uprobe")],
+                        &[(probes.uprobe_program(FREE_PROGRAM, owner), "uprobe")],
                         &format!("free in {}, in {whom}", path.display()),
                         1,
                     );
@@ -208,8 +208,9 @@ impl HeapTracer {
 }
 
 /// Target processes whose heap is traced: removing a process's probes takes the kernel 0.3 s
-/// (three links: the allocating functions' two multi-uprobe links and free's; a second with a
-/// link per function, before Linux 6.10), which a fork-heavy target would multiply.
+/// (three multi-uprobe links: the allocating functions' entries and returns, and free; a
+/// second with a link per function, before Linux 6.10), which a fork-heavy target would
+/// multiply.
 const MAX_PROCESSES: usize = 32;
 
 /// What the report calls an allocator linked into the program itself.
@@ -239,7 +240,7 @@ fn attach_allocator(
     }
     let links = probes.attach_functions(&ALLOC_PROGRAMS, path, &points, pid)?;
     if let Some(&offset) = exports.get(FREEING) {
-        probes.attach_uprobes(&[FREE_PROGRAM], path, &[(offset, 0)], pid)?;
+        probes.attach_functions(&[FREE_PROGRAM], path, &[(offset, 0)], pid)?;
         functions.push(FREEING.to_string());
     }
     Ok((functions, links))
