@@ -35,6 +35,10 @@ const BPF_RAW_TRACEPOINT_OPEN: libc::c_int = 17;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
 const BPF_TRACE_RAW_TP: u32 = 23;
+const BPF_LINK_CREATE: libc::c_int = 28;
+const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+/// `link_create.uprobe_multi.flags`: the probes are on the functions' returns.
+const BPF_F_UPROBE_MULTI_RETURN: u32 = 1;
 
 /// The head of `union bpf_attr` for `BPF_PROG_LOAD`, up to `attach_btf_id`; the kernel takes
 /// the size it is given and zeroes the rest.
@@ -70,6 +74,24 @@ struct ProgLoad {
 struct RawTracepointOpen {
     name: u64,
     prog_fd: u32,
+    _pad: u32,
+}
+
+/// `union bpf_attr` for `BPF_LINK_CREATE` of a multi-uprobe link, for every process (pid 0).
+#[repr(C)]
+#[derive(Default)]
+struct UprobeMultiLink {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
     _pad: u32,
 }
 
@@ -122,19 +144,17 @@ pub(crate) fn run_with_empty_programs(
     command: &[String],
 ) -> anyhow::Result<()> {
     let attached = on_tracepoints(tracepoints)?;
-    let program = load_empty(BPF_PROG_TYPE_KPROBE, 0, 0).context("loading an empty uprobe program")?;
-    let pmu = read_number("/sys/bus/event_source/devices/uprobe/type")
-        .context("the kernel's uprobe event source (CONFIG_UPROBE_EVENTS)")?;
-    let mut events = Vec::new();
+    let mut points = Vec::new();
     for (spec, is_return) in entries.iter().map(|e| (e, false)).chain(returns.iter().map(|r| (r, true))) {
         let (path, symbol) =
             spec.rsplit_once(':').with_context(|| format!("{spec}: expected PATH:SYMBOL"))?;
-        let offset = file_offset(path, symbol)?;
-        events.push(
-            uprobe_event(pmu, path, offset, is_return, &program)
-                .with_context(|| format!("probing {spec}"))?,
-        );
+        points.push((path, file_offset(path, symbol)?, is_return));
     }
+    // The kind of attachment sysprof makes: multi-uprobe links where the kernel has them.
+    let events = match multi_uprobe_links(&points) {
+        Ok(links) => links,
+        Err(_) => perf_event_uprobes(&points)?,
+    };
     let (program_name, arguments) = command.split_first().context("no command to run")?;
     let status = std::process::Command::new(program_name).args(arguments).status()?;
     drop(events);
@@ -143,6 +163,53 @@ pub(crate) fn run_with_empty_programs(
         bail!("{program_name} ended with {status}");
     }
     Ok(())
+}
+
+/// An empty program on each `(path, offset, is_return)` point, as a perf-event uprobe each.
+fn perf_event_uprobes(points: &[(&str, u64, bool)]) -> anyhow::Result<Vec<OwnedFd>> {
+    let program = load_empty(BPF_PROG_TYPE_KPROBE, 0, 0).context("loading an empty uprobe program")?;
+    let pmu = read_number("/sys/bus/event_source/devices/uprobe/type")
+        .context("the kernel's uprobe event source (CONFIG_UPROBE_EVENTS)")?;
+    let mut events = Vec::new();
+    for &(path, offset, is_return) in points {
+        events.push(
+            uprobe_event(pmu, path, offset, is_return, &program)
+                .with_context(|| format!("probing {path} at {offset:#x}"))?,
+        );
+    }
+    events.push(program);
+    Ok(events)
+}
+
+/// An empty program on each `(path, offset, is_return)` point, in one multi-uprobe link per
+/// file and kind (Linux 6.6+), as sysprof attaches its own where the kernel makes them.
+fn multi_uprobe_links(points: &[(&str, u64, bool)]) -> anyhow::Result<Vec<OwnedFd>> {
+    use std::os::fd::AsRawFd as _;
+    let program = load_empty(BPF_PROG_TYPE_KPROBE, BPF_TRACE_UPROBE_MULTI, 0)
+        .context("loading an empty program for multi-uprobe links")?;
+    let mut groups: Vec<(&str, bool, Vec<u64>)> = Vec::new();
+    for &(path, offset, is_return) in points {
+        match groups.iter_mut().find(|(p, r, _)| *p == path && *r == is_return) {
+            Some((_, _, offsets)) => offsets.push(offset),
+            None => groups.push((path, is_return, vec![offset])),
+        }
+    }
+    let mut links = Vec::new();
+    for (path, is_return, offsets) in groups {
+        let path = std::ffi::CString::new(path)?;
+        let attr = UprobeMultiLink {
+            prog_fd: program.as_raw_fd() as u32,
+            attach_type: BPF_TRACE_UPROBE_MULTI,
+            path: path.as_ptr() as u64,
+            offsets: offsets.as_ptr() as u64,
+            cnt: offsets.len() as u32,
+            multi_flags: if is_return { BPF_F_UPROBE_MULTI_RETURN } else { 0 },
+            ..Default::default()
+        };
+        links.push(bpf(BPF_LINK_CREATE, &attr)?);
+    }
+    links.push(program);
+    Ok(links)
 }
 
 /// The file offset of `symbol`'s code in the ELF file at `path` (what a uprobe is placed by).
