@@ -6,7 +6,7 @@
 
 use std::{fmt::Write as _, path::Path};
 
-use super::{Config, Row, Runner, find, measure, print_table, tool_works};
+use super::{BpfStats, Config, Row, Runner, find, measure, print_table, tool_works};
 
 /// C files in the generated project.
 const SOURCES: usize = 16;
@@ -69,7 +69,7 @@ impl Runner<'_> {
             // every program run, which sysprof's default windows keep to 2% of a trace.
             let with_stats = format!("{traced} (statistics on)");
             let share = {
-                let _stats = StatsOn::new()?;
+                let _stats = BpfStats::set(true)?;
                 measure(&[self.sysprof_config(&with_stats, &[], &workload)], 1, "elapsed_ns")?;
                 bpf_share(&self.out.join(with_stats.replace([' ', '-'], "_")))
             };
@@ -180,23 +180,4 @@ fn write_project(dir: &Path) -> anyhow::Result<()> {
         ),
     )?;
     Ok(())
-}
-
-/// `kernel.bpf_stats_enabled` set to 1 while held, then back to what it was.
-struct StatsOn(String);
-
-const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-impl StatsOn {
-    fn new() -> anyhow::Result<Self> {
-        let before = std::fs::read_to_string(BPF_STATS)?;
-        std::fs::write(BPF_STATS, "1")?;
-        Ok(StatsOn(before.trim().to_string()))
-    }
-}
-
-impl Drop for StatsOn {
-    fn drop(&mut self) {
-        let _ = std::fs::write(BPF_STATS, &self.0);
-    }
 }
