@@ -580,10 +580,17 @@ impl Probes {
 
     /// `program`, or its copy for multi-uprobe links where the kernel makes them for `pid`'s
     /// scope (see `attach_functions`).
+    ///
+    /// A copy already loaded is kept to: a perf-event uprobe serves every scope, and a program
+    /// first loaded at the end (the probe-cost calibration, for every process, after a trace
+    /// whose heap probes were one process's, on a kernel with multi-uprobe links for every
+    /// process only: 6.6 to 6.9) is refused: the ring buffers it was built against were
+    /// handed over to their collectors and are closed by then.
     pub fn uprobe_program(&self, program: &'static str, pid: Option<u32>) -> &'static str {
         let multi = if pid.is_some() { self.multi_uprobes_per_process } else { self.multi_uprobes };
+        let loaded = |name: &str| self.ebpf.program(name).is_some_and(|p| p.fd().is_ok());
         match MULTI_COPIES.iter().find(|(single, _)| *single == program) {
-            Some(&(_, copy)) if multi => copy,
+            Some(&(_, copy)) if multi && (loaded(copy) || !loaded(program)) => copy,
             _ => program,
         }
     }
