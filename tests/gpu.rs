@@ -237,6 +237,63 @@ fn test_doubles_exercise_the_success_paths() {
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn perf_event_uprobes_count_what_multi_uprobe_links_count() {
+    let Some(_guard) = root_guard("perf_event_uprobes_count_what_multi_uprobe_links_count") else { return };
+    let Some(libs) = nvidia_libraries("perf_event_uprobes_count_what_multi_uprobe_links_count") else {
+        return;
+    };
+    // The kernels before 6.6 get perf-event uprobes, one per function: the same calls,
+    // arguments and return codes as one multi-uprobe link per library.
+    let run = |links: &str| {
+        let dir = output_dir();
+        let out = sysprof()
+            .env("LD_LIBRARY_PATH", &libs)
+            .env("SYSPROF_UPROBE_LINKS", links)
+            .args(["trace", "-q", "--focus", "gpu", "-o"])
+            .arg(dir.path())
+            .arg("--")
+            .arg(gpu_app())
+            .arg("api")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let report = read_report(dir.path());
+        // By name: equal figures may be listed in either order.
+        let mut calls: Vec<(String, u64, String)> = report["gpu"]["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let name = f["function"].as_str().unwrap().to_string();
+                (name, f["calls"].as_u64().unwrap(), f["return_codes"].to_string())
+            })
+            .collect();
+        calls.sort();
+        let links: Vec<(String, u64)> = report["instrumentation"]["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["attached_to"].as_str().unwrap().starts_with("CUDA runtime"))
+            .map(|p| (p["program"].as_str().unwrap().to_string(), p["links"].as_u64().unwrap()))
+            .collect();
+        (calls, links, printed_codes(&String::from_utf8_lossy(&out.stdout)))
+    };
+    let (perf_calls, perf_links, perf_codes) = run("perf-event");
+    let (calls, _, codes) = run("");
+    assert!(!perf_calls.is_empty());
+    assert_eq!(perf_calls, calls);
+    assert_eq!(perf_codes, codes);
+    // A perf-event uprobe per function, entry and return.
+    assert_eq!(perf_links.len(), 2, "{perf_links:?}");
+    assert!(
+        perf_links.iter().all(|(program, links)| !program.ends_with("_multi") && *links > 40),
+        "{perf_links:?}"
+    );
+    assert_no_sysprof_programs();
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_library_loaded_with_dlopen_is_traced() {
     let Some(_guard) = root_guard("a_library_loaded_with_dlopen_is_traced") else { return };
     let Some(libs) = nvidia_libraries("a_library_loaded_with_dlopen_is_traced") else { return };

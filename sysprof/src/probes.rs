@@ -235,6 +235,19 @@ pub struct Probes {
     multi_uprobes_per_process: bool,
 }
 
+/// Set to `perf-event`, sysprof attaches perf-event uprobes where the kernel would make
+/// multi-uprobe links: what kernels before 6.6 get, for a kernel whose multi-uprobe links
+/// misbehave, and for the tests of that path.
+pub const UPROBE_LINKS_ENV: &str = "SYSPROF_UPROBE_LINKS";
+
+/// Whether the kernel makes multi-uprobe links with `feature`: a failed probe (a kernel before
+/// 6.6; before 6.10 for one process's links, whose filter then saw one thread) leaves the
+/// perf-event uprobes, as `UPROBE_LINKS_ENV` does.
+fn multi_uprobes(feature: UProbeMultiFeature) -> bool {
+    std::env::var(UPROBE_LINKS_ENV).map_or(true, |links| links != "perf-event")
+        && aya::sys::is_uprobe_multi_supported(feature).unwrap_or(false)
+}
+
 /// The uprobe programs with a copy for multi-uprobe links (`#[uprobe(multi)]`), which the
 /// kernel takes only from programs loaded for them.
 const MULTI_COPIES: [(&str, &str); 6] = [
@@ -326,14 +339,8 @@ impl Probes {
             fault_counters_known: config.task_min_flt_offset != 0,
             fault_baselines: None,
             target_bits: None,
-            // A failed probe (a kernel before 6.6; before 6.10 for one process's links, whose
-            // filter then saw one thread) leaves the perf-event uprobes.
-            multi_uprobes: aya::sys::is_uprobe_multi_supported(UProbeMultiFeature::LinkCreation)
-                .unwrap_or(false),
-            multi_uprobes_per_process: aya::sys::is_uprobe_multi_supported(
-                UProbeMultiFeature::ProcessScopedPidFilter,
-            )
-            .unwrap_or(false),
+            multi_uprobes: multi_uprobes(UProbeMultiFeature::LinkCreation),
+            multi_uprobes_per_process: multi_uprobes(UProbeMultiFeature::ProcessScopedPidFilter),
         })
     }
 
