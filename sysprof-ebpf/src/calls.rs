@@ -10,9 +10,7 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_attach_cookie,
-    },
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext},
@@ -80,9 +78,10 @@ pub fn call_enter_multi(ctx: ProbeContext) -> u32 {
 
 #[inline(always)]
 fn enter(ctx: &ProbeContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+    // The switch's note on the CPU, not a helper call (see `target::current_target`).
+    let Some(pid_tgid) = target::current_target() else { return 0 };
     let tgid = (pid_tgid >> 32) as u32;
-    if !target::is_current_target_cached(tgid) || !window::open_or_calibrating(tgid) {
+    if !window::open_or_calibrating(tgid) {
         return 0;
     }
     let Some(state) = CALL_STATE.current(true) else {

@@ -3,7 +3,7 @@
 //! queue (get_signal), so the target filter is the current task's and nothing else is read.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    helpers::bpf_probe_read_kernel,
     macros::{btf_tracepoint, map},
     maps::{HashMap, PerCpuArray},
     programs::BtfTracePointContext,
@@ -29,8 +29,9 @@ use sysprof_common::loader::SIGSTOP;
 /// `signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka)`.
 #[btf_tracepoint(function = "signal_deliver")]
 pub fn signal_deliver(ctx: BtfTracePointContext) -> i32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) || !window::open() {
+    let Some(pid_tgid) = target::current_target() else { return 0 };
+    let tgid = (pid_tgid >> 32) as u32;
+    if !window::open() {
         return 0;
     }
     let key = key_of(&ctx, tgid);

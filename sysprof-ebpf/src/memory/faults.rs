@@ -14,7 +14,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK},
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_task, bpf_get_prandom_u32, bpf_probe_read_kernel},
     macros::{map, perf_event},
     maps::{Array, HashMap},
     programs::PerfEventContext,
@@ -61,8 +61,9 @@ pub fn fault_major(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn fault(ctx: &PerfEventContext, major: u32) {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) || !window::open() {
+    let Some(pid_tgid) = target::current_target() else { return };
+    let tgid = (pid_tgid >> 32) as u32;
+    if !window::open() {
         return;
     }
     let every = if task_counters() {

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
+    helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
@@ -67,8 +67,9 @@ pub fn alloc_enter_multi(ctx: ProbeContext) -> u32 {
 
 #[inline(always)]
 fn enter(ctx: &ProbeContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) || !crate::window::open_or_calibrating(tgid) {
+    let Some(pid_tgid) = target::current_target() else { return 0 };
+    let tgid = (pid_tgid >> 32) as u32;
+    if !crate::window::open_or_calibrating(tgid) {
         return 0;
     }
     let Some(state) = ALLOC_STATE.current(true) else { return 0 };
@@ -217,10 +218,8 @@ fn free(ctx: &ProbeContext) -> u32 {
     if ptr == 0 {
         return 0;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target_cached(tgid) {
-        return 0;
-    }
+    let Some(pid_tgid) = target::current_target() else { return 0 };
+    let tgid = (pid_tgid >> 32) as u32;
     // A free inside realloc is realloc's business (accounted at its return).
     if ALLOC_STATE.current(false).is_some_and(|state| state.nesting.inside()) {
         return 0;
