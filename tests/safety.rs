@@ -588,6 +588,39 @@ fn sigkill_leaves_no_probe_and_no_command_behind() {
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_stopped_command_does_not_outlive_a_killed_sysprof() {
+    // A command that is stopped when sysprof dies (held at its loader, or stopped by its user)
+    // acts on no signal but SIGKILL and SIGCONT: a SIGTERM would wait, and the command with it.
+    let Some(_guard) = root_guard("a_stopped_command_does_not_outlive_a_killed_sysprof") else { return };
+    let dir = output_dir();
+    let mut tracing = spawn_tracing_with(
+        sysprof().args(["trace", "--focus", "cpu", "-o"]).arg(dir.path()).args(["--", "sleep", "30"]),
+    );
+    let command = child_pids(tracing.child.id()).into_iter().next().expect("the command runs");
+    // SAFETY: plain kill(2) of the command's pid, which is sysprof's child and not yet reaped.
+    assert_eq!(unsafe { libc::kill(command as i32, libc::SIGSTOP) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !stopped(command) {
+        assert!(Instant::now() < deadline, "the command did not stop");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&tracing.child, libc::SIGKILL);
+    let _ = wait_bounded(&mut tracing.child, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(command) {
+        assert!(Instant::now() < deadline, "the stopped command outlived a killed sysprof");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` is stopped (state T in /proc/PID/stat).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_thread_id_is_traced_as_its_process() {
     let Some(_guard) = root_guard("a_thread_id_is_traced_as_its_process") else { return };
     let busy = Background::spawn(Command::new(workload("busy")).args(["10", "2"]));

@@ -69,9 +69,13 @@ impl GatedChild {
                 crate::priority::restore_in_child();
                 // Killed with sysprof (even by SIGKILL, which sysprof cannot catch). It fires
                 // when the forking thread ends, which is the one that waits for the command.
+                // SIGKILL, not SIGTERM: a stopped command (held at its loader while its unwind
+                // tables are written, or stopped by its user) would keep a SIGTERM pending and
+                // stay stopped for good. sysprof ends the command itself on every signal it
+                // can catch (`CommandWatch`); this is for the ones it cannot.
                 // Before the pid is sent, so before the probes see this child: the trace shows
                 // only what CMD does (the gate's read, and the identity change under sudo).
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 || libc::getppid() != sysprof {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != sysprof {
                     return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
                 }
                 let pid = libc::getpid().to_ne_bytes();
@@ -89,7 +93,7 @@ impl GatedChild {
                     && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                         || libc::setgid(*gid) != 0
                         || libc::setuid(*uid) != 0
-                        || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0)
+                        || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0)
                 {
                     return Err(std::io::Error::last_os_error());
                 }
