@@ -16,7 +16,8 @@
 //                            (a tracer sees it meanwhile) and does N rounds of
 //                            allocate_known_sizes; the parent waits for it
 //   memload mallocs N        N malloc/free pairs of 64 bytes; prints "ns_per_call=X" per pair
-//                            (the heap benchmark's timer)
+//                            (the heap benchmark's timer), and the tracer's BPF time per
+//                            pair (parent_bpf.h)
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -o memload memload.c
 #define _GNU_SOURCE
@@ -29,6 +30,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "parent_bpf.h"
 
 static double now(void) {
     struct timespec ts;
@@ -145,6 +148,7 @@ int main(int argc, char **argv) {
             free(sink);
         }
         printf("ns_per_call=%.1f\n", (now() - start) * 1e9 / n);
+        print_parent_bpf(n);
         return 0;
     }
     fprintf(stderr, "unknown mode %s\n", mode);

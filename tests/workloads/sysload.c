@@ -1,6 +1,7 @@
 // Syscall and scheduler workloads with known answers, for sysprof's tests and benchmarks.
 //
-//   sysload getppid N [spread]    N getppid calls; prints "ns_per_call=X" (the benchmark timer).
+//   sysload getppid N [spread]    N getppid calls; prints "ns_per_call=X" (the benchmark timer),
+//                                 and the tracer's BPF time per call (parent_bpf.h).
 //                                 With spread, an equal share of the calls on each CPU it may
 //                                 use in turn: a tracer can cost more on one CPU than another
 //                                 (bpftrace's tracepoint perf event lives on CPU 0 alone)
@@ -28,7 +29,8 @@
 //   sysload smallwrites N         N one-byte writes to /dev/null
 //   sysload negatives N           N calls of maybe_fail, half of which return -1
 //   sysload probecall N           N calls of probed_function; prints "ns_per_call=X" (the
-//                                 uprobe benchmark's timer)
+//                                 uprobe benchmark's timer), and the tracer's BPF time per
+//                                 call (parent_bpf.h)
 //   sysload lockstorm THREADS SECONDS
 //                                 THREADS threads fighting over one mutex in contended_worker
 //   sysload lockedsleep THREADS SECONDS
@@ -58,6 +60,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "parent_bpf.h"
 
 static double now(void) {
     struct timespec ts;
@@ -233,6 +237,7 @@ int main(int argc, char **argv) {
             elapsed += now() - start;
         }
         printf("ns_per_call=%.2f\n", elapsed * 1e9 / (count ? n / count * count : n));
+        print_parent_bpf(count ? n / count * count : n);
         return 0;
     }
     if (strcmp(mode, "badclose") == 0) {
@@ -256,6 +261,7 @@ int main(int argc, char **argv) {
         double start = now();
         for (long i = 0; i < n; i++) x = probed_function(x);
         printf("ns_per_call=%.2f\n", (now() - start) * 1e9 / n);
+        print_parent_bpf(n);
         return x == n ? 0 : 1;
     }
     if (strcmp(mode, "negatives") == 0) {
