@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use anyhow::Context as _;
 use aya::{
     Pod,
-    maps::{MapData, PerCpuArray},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
 };
 use serde::{Deserialize, Serialize};
 
@@ -88,29 +88,43 @@ impl<'a> MapReader<'a> {
 
     /// Every entry of a hash map.
     pub(crate) fn entries<K: Pod, V: Pod>(&mut self, name: &str) -> anyhow::Result<Vec<(K, V)>> {
+        let mut entries = Vec::new();
+        self.for_each_entry(name, |key, value| entries.push((key, value)))?;
+        Ok(entries)
+    }
+
+    /// Hands every entry of a hash map to `each`, one at a time: for maps whose values are
+    /// big and many (a machine-wide trace's syscall statistics are thousands of 1.3 KB
+    /// histograms), which the caller boils down as they come instead of holding them all.
+    pub(crate) fn for_each_entry<K: Pod, V: Pod>(
+        &mut self,
+        name: &str,
+        mut each: impl FnMut(K, V),
+    ) -> anyhow::Result<()> {
         match self {
             MapReader::Live { probes, kept, .. } => {
-                let entries: Vec<(K, V)> = probes.entries(name)?;
-                if let Some(kept) = kept {
-                    kept.hashes.insert(
-                        name.to_string(),
-                        entries.iter().map(|(k, v)| (Bytes::of(k), Bytes::of(v))).collect(),
-                    );
+                let map: BpfHashMap<&MapData, K, V> = BpfHashMap::try_from(probes.map(name)?)?;
+                let mut bytes = kept.as_ref().map(|_| Vec::new());
+                for entry in map.iter() {
+                    let (key, value) = entry.with_context(|| format!("reading map {name}"))?;
+                    if let Some(bytes) = &mut bytes {
+                        bytes.push((Bytes::of(&key), Bytes::of(&value)));
+                    }
+                    each(key, value);
                 }
-                Ok(entries)
+                if let (Some(kept), Some(bytes)) = (kept, bytes) {
+                    kept.hashes.insert(name.to_string(), bytes);
+                }
+                Ok(())
             }
-            MapReader::Replay(contents) => contents
-                .hashes
-                .get(name)
-                .map(|entries| {
-                    entries
-                        .iter()
-                        .map(|(k, v)| Ok((k.decode()?, v.decode()?)))
-                        .collect::<anyhow::Result<Vec<_>>>()
-                })
-                .transpose()
-                .with_context(|| format!("map {name} in the read-out"))
-                .map(Option::unwrap_or_default),
+            MapReader::Replay(contents) => {
+                for (key, value) in contents.hashes.get(name).into_iter().flatten() {
+                    let decoded = key.decode().and_then(|key| Ok((key, value.decode()?)));
+                    let (key, value) = decoded.with_context(|| format!("map {name} in the read-out"))?;
+                    each(key, value);
+                }
+                Ok(())
+            }
         }
     }
 

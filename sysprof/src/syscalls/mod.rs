@@ -9,17 +9,10 @@ use std::{collections::HashMap, time::Duration};
 
 use serde::Serialize;
 
-use sysprof_common::{SyscallKey, SyscallStats};
+use sysprof_common::SyscallKey;
 
-pub use self::probes::SyscallDump;
-use crate::{
-    latency::{self, Percentiles},
-    procs::ProcessTable,
-};
-
-fn empty_stats() -> SyscallStats {
-    SyscallStats { calls: 0, errors: 0, timed: 0, timed_from_block: 0, latency: latency::empty() }
-}
+pub use self::probes::{SyscallDump, SyscallSummary};
+use crate::{latency::Percentiles, procs::ProcessTable};
 
 /// The syscall section of the report.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -100,12 +93,12 @@ pub fn errno_name(errno: u32) -> String {
 pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> SyscallReport {
     let wall_s = wall.as_secs_f64().max(1e-9);
     // Calls and failures still pending in the per-CPU caches join the shared maps' counts.
-    let mut stats: HashMap<(u32, u32), SyscallStats> =
+    let mut stats: HashMap<(u32, u32), SyscallSummary> =
         dump.stats.iter().map(|(key, stats)| ((key.tgid, key.nr), *stats)).collect();
     let mut by_errno: HashMap<(u32, u32, u32), u64> =
         dump.errors.iter().map(|(key, count)| ((key.tgid, key.nr, key.errno), *count)).collect();
     for pending in &dump.pending {
-        let stats = stats.entry((pending.tgid, pending.nr)).or_insert_with(empty_stats);
+        let stats = stats.entry((pending.tgid, pending.nr)).or_default();
         stats.calls += u64::from(pending.count);
         stats.errors += u64::from(pending.errors);
         if pending.errno_count != 0 {
@@ -123,7 +116,7 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
             let key = SyscallKey { tgid, nr };
             let mut by_errno = errnos.remove(&(key.tgid, key.nr)).unwrap_or_default();
             by_errno.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.errno.cmp(&b.errno)));
-            let latency = latency::percentiles(&stats.latency);
+            let latency = stats.latency;
             SyscallRow {
                 pid: key.tgid,
                 process: processes
