@@ -26,14 +26,12 @@ pub fn long_enough(ns: u64) -> bool {
     min_us != 0 && ns >= u64::from(min_us) * 1000
 }
 
-/// Records one event; a full ring counts a loss.
+/// Records one event; a full ring counts a loss. One helper call that copies the event in
+/// (`bpf_ringbuf_output`), not a reserve then a submit: two calls cost more than the copy of
+/// 48 bytes (a probed call's return took 5 ns less, kernel statistics on).
 #[inline(always)]
 pub fn record(event: TimelineEvent) {
-    match TIMELINE.reserve::<TimelineEvent>(0) {
-        Some(mut entry) => {
-            entry.write(event);
-            entry.submit(BPF_RB_NO_WAKEUP as u64);
-        }
-        None => counters::add(Counter::TimelineLost, 1),
+    if TIMELINE.output::<TimelineEvent>(&event, BPF_RB_NO_WAKEUP as u64).is_err() {
+        counters::add(Counter::TimelineLost, 1);
     }
 }
