@@ -111,6 +111,10 @@ pub const ROWS: &str = "UNWIND_ROWS";
 /// Hash: tgid -> [`ProcessMappings`], for the processes whose tables are ready; the stacks of
 /// other processes are taken by frame pointers as before.
 pub const PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
+/// Array of one u64: raised by userspace after it writes or drops entries of
+/// [`PROCESS_MAPPINGS`], and by the kernel side when it drops one (a process exec'd or
+/// exited): each CPU's note of the last process's digest holds while it is unchanged.
+pub const TABLES_GENERATION: &str = "TABLES_GENERATION";
 /// Hash: stack id (marked [`crate::stack::UNWOUND`]) -> [`UnwoundStack`].
 pub const STACKS: &str = "UNWOUND_STACKS";
 /// Array: the rows found lately, [`ROW_CACHE_SLOTS`] per CPU; sized by userspace at load time

@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use serde::{Deserialize, Serialize};
 use sysprof_common::unwind::{
     self as shared, ExecMapping, MAPPINGS_PER_PROCESS, ProcessMappings, ROWS_PER_CHUNK, RowChunk, UnwindRow,
@@ -234,9 +234,20 @@ impl Unwinder {
     /// tables it asked the worker for.
     fn write_entries(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) -> usize {
         let pending_before = self.files.len();
-        let Ok(map) = probes.map_mut(shared::PROCESS_MAPPINGS) else { return 0 };
+        if self.write_changed_entries(probes, processes, version) {
+            raise_generation(probes);
+        }
+        self.processes_full = self.processes_full.max(self.refused.len());
+        self.summary.processes = self.summary.processes.max(self.written.len());
+        self.files.len() - pending_before
+    }
+
+    /// `write_entries`' writes and removals; whether it made any.
+    fn write_changed_entries(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) -> bool {
+        let mut changed = false;
+        let Ok(map) = probes.map_mut(shared::PROCESS_MAPPINGS) else { return false };
         let Ok(mut entries) = BpfHashMap::<&mut MapData, u32, ProcessMappings>::try_from(map) else {
-            return 0;
+            return false;
         };
         for (pid, record) in processes.changed_since_or(version, self.refused.clone()) {
             if pid == self.sysprof_pid {
@@ -245,7 +256,7 @@ impl Unwinder {
             if record.exited {
                 self.refused.remove(&pid);
                 if self.written.remove(&pid).is_some() {
-                    let _ = entries.remove(&pid);
+                    changed |= entries.remove(&pid).is_ok();
                 }
                 continue;
             }
@@ -271,13 +282,12 @@ impl Unwinder {
             if entries.insert(&pid, entry.as_ref(), 0).is_ok() {
                 self.written.insert(pid, signature);
                 self.refused.remove(&pid);
+                changed = true;
             } else {
                 self.refused.insert(pid);
             }
         }
-        self.processes_full = self.processes_full.max(self.refused.len());
-        self.summary.processes = self.summary.processes.max(self.written.len());
-        self.files.len() - pending_before
+        changed
     }
 
     /// What the unwinder did; stops the worker.
@@ -399,6 +409,17 @@ fn write_mapped(fd: std::os::fd::BorrowedFd<'_>, offset: usize, bytes: &[u8]) ->
         window.copy_from_slice(part);
     }
     Ok(())
+}
+
+/// Raises the tables' generation (`shared::TABLES_GENERATION`) after entries changed: each
+/// CPU's note of the last process's digest holds only while it stays the same. The kernel side
+/// raises it too, atomically, when it drops an entry; a raise of its lost to this read and
+/// write still leaves the generation above any a note was taken under before the change.
+fn raise_generation(probes: &mut Probes) {
+    let Ok(map) = probes.map_mut(shared::TABLES_GENERATION) else { return };
+    let Ok(mut generation) = Array::<&mut MapData, u64>::try_from(map) else { return };
+    let current = generation.get(&0, 0).unwrap_or(0);
+    let _ = generation.set(0, &current.wrapping_add(1), 0);
 }
 
 /// A process's entry: each mapping with its file's table where it is loaded (asking the
