@@ -304,21 +304,57 @@ fn a_library_loaded_with_dlopen_is_traced() {
     assert_eq!(malloc["return_codes"][code.to_string()], 3);
 }
 
-#[test]
-#[ignore = "needs root: `cargo xtask test` runs it as root"]
-fn func_times_any_function_with_exact_counts() {
-    let Some(_guard) = root_guard("func_times_any_function_with_exact_counts") else { return };
+/// `sysprof trace -q --focus cpu --func FUNC -- WORKLOAD ARGS`: its output directory and
+/// report.json.
+fn trace_func(func: &str, program: &str, args: &[&str]) -> (tempfile::TempDir, Value) {
     let dir = output_dir();
     let out = sysprof()
-        .args(["trace", "-q", "--focus", "cpu", "--func", "busy:burn_cold", "-o"])
+        .args(["trace", "-q", "--focus", "cpu", "--func", func, "-o"])
         .arg(dir.path())
         .arg("--")
-        .arg(workload("busy"))
-        .args(["--work", "500"])
+        .arg(workload(program))
+        .args(args)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let report = read_report(dir.path());
+    (dir, report)
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn probed_calls_stay_exact_while_other_processes_exec() {
+    let Some(_guard) = root_guard("probed_calls_stay_exact_while_other_processes_exec") else { return };
+    // An exec notes the exec'ing task on its CPU (`target::renote_current`). Without the switch
+    // program (`--focus cpu` loads none) nothing replaced that note, and the call programs,
+    // which read it, took the target's calls for that task's on that CPU: 0 of 500 counted in
+    // 3 runs of 4 beside this storm of execs.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let storm: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::process::Command::new("true").status();
+                }
+            })
+        })
+        .collect();
+    for round in 0..4 {
+        let (_dir, report) = trace_func("busy:burn_cold", "busy", &["--work", "500"]);
+        assert_eq!(row(&report["functions"], "function", "burn_cold")["calls"], 500, "round {round}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for thread in storm {
+        thread.join().unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn func_times_any_function_with_exact_counts() {
+    let Some(_guard) = root_guard("func_times_any_function_with_exact_counts") else { return };
+    let (dir, report) = trace_func("busy:burn_cold", "busy", &["--work", "500"]);
     let function = row(&report["functions"], "function", "burn_cold");
     assert_eq!(function["calls"], 500);
     assert_eq!(function["callers"][0][0], "burn_rounds (busy)");
@@ -332,17 +368,7 @@ fn func_times_any_function_with_exact_counts() {
         assert!(calls.iter().all(|s| s["args"]["call site"] == "burn_rounds (busy)"), "{:?}", calls[0]);
     }
 
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "--focus", "cpu", "--func", "sysload:maybe_fail", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("sysload"))
-        .args(["negatives", "1000"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let report = read_report(dir.path());
+    let (_dir, report) = trace_func("sysload:maybe_fail", "sysload", &["negatives", "1000"]);
     let function = row(&report["functions"], "function", "maybe_fail");
     assert_eq!((function["calls"].as_u64(), function["negative_returns"].as_u64()), (Some(1000), Some(500)));
     assert_no_sysprof_programs();

@@ -270,8 +270,13 @@ pub struct Config {
     /// Byte offset of `task_struct::start_boottime`, which the fork program sends with a new
     /// process (`ProcessEvent::started_ns`); 0 when unknown (userspace then reads /proc).
     pub task_start_boottime_offset: u32,
+    /// 1 when the switch program runs, which keeps each CPU's note of its current task (the
+    /// syscall, sched and memory families load it): the other programs read the note only
+    /// then, for without it a note written at an exec would outlive its task.
+    pub switch_notes: u32,
+    pub _pad: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 18 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 20 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {

@@ -31,6 +31,8 @@ static CONFIG: Config = Config {
     task_maj_flt_offset: 0,
     task_exec_runtime_offset: 0,
     task_start_boottime_offset: 0,
+    switch_notes: 0,
+    _pad: 0,
 };
 
 /// The configuration, read through a volatile load so the compiler does not fold the

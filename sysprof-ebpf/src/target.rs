@@ -90,7 +90,9 @@ pub fn task_field<T: Copy>(task: *const task_struct, offset: u32) -> T {
 /// speculation) costs more than the rest of the test, and another process's call ends there.
 /// `current` changes only at a switch, with interrupts off from the tracepoint to the switch
 /// itself, so no event runs in between. Userspace zeroes it (`Probes::forget_switch_notes`)
-/// when it adds a target: a verdict is only as new as the switch that made it.
+/// when it adds a target: a verdict is only as new as the switch that made it. Read only when
+/// the switch program runs (`Config::switch_notes`): without it, the note an exec writes
+/// (`renote_current`) would stay on its CPU for whatever task ran there next.
 #[map]
 static ON_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
@@ -123,6 +125,9 @@ const OUTSIDE: u64 = 1 << 62;
 /// the switch that brought it here found it outside the target set.
 #[inline(always)]
 pub fn current_unless_outside() -> Option<u64> {
+    if config().switch_notes == 0 {
+        return Some(bpf_get_current_pid_tgid());
+    }
     match ON_CPU.get(0) {
         // Neither empty (0) nor a hidden task's (the sign bit): one signed comparison.
         Some(&known) if (known as i64) > 0 => (known & OUTSIDE == 0).then_some(known),
@@ -135,7 +140,8 @@ pub fn current_unless_outside() -> Option<u64> {
 /// the set changes), so a target's events read the note alone, not the set too.
 #[inline(always)]
 pub fn current_target() -> Option<u64> {
-    if config().filter == filter::TARGETS
+    if config().switch_notes != 0
+        && config().filter == filter::TARGETS
         && let Some(&known) = ON_CPU.get(0)
         && (known as i64) > 0
     {

@@ -142,7 +142,7 @@ pub(crate) enum Preload {
 }
 
 impl Preload {
-    fn program(&self) -> &'static str {
+    pub(crate) fn program(&self) -> &'static str {
         match self {
             Preload::Plain(name) | Preload::BtfTracePoint(name, _) => name,
         }

@@ -176,9 +176,13 @@ fn kernel_config(
         task_maj_flt_offset: offsets.maj_flt,
         task_exec_runtime_offset: offsets.exec_runtime,
         task_start_boottime_offset: offsets.start_boottime,
+        switch_notes: 0,
+        _pad: 0,
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
+        kernel.switch_notes |=
+            u32::from(family.programs().iter().any(|program| program.program() == "sched_switch"));
     }
     kernel
 }
