@@ -111,10 +111,14 @@ pub const ROWS: &str = "UNWIND_ROWS";
 /// Hash: tgid -> [`ProcessMappings`], for the processes whose tables are ready; the stacks of
 /// other processes are taken by frame pointers as before.
 pub const PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
-/// Array of one u64: raised by userspace after it writes or drops entries of
-/// [`PROCESS_MAPPINGS`], and by the kernel side when it drops one (a process exec'd or
-/// exited): each CPU's note of the last process's digest holds while it is unchanged.
+/// Array of two u64 counters of changes to [`PROCESS_MAPPINGS`], one per writer so that each
+/// only ever grows: [`GENERATION_USERSPACE`] counts userspace's passes that wrote or dropped
+/// entries, [`GENERATION_KERNEL`] the kernel side's drops (a process exec'd or exited, added
+/// atomically). Each CPU's note of the last process's digest holds while their sum is the one
+/// it was taken under.
 pub const TABLES_GENERATION: &str = "TABLES_GENERATION";
+pub const GENERATION_USERSPACE: u32 = 0;
+pub const GENERATION_KERNEL: u32 = 1;
 /// Hash: stack id (marked [`crate::stack::UNWOUND`]) -> [`UnwoundStack`].
 pub const STACKS: &str = "UNWOUND_STACKS";
 /// Array: the rows found lately, [`ROW_CACHE_SLOTS`] per CPU; sized by userspace at load time

@@ -18,8 +18,9 @@ use aya_ebpf::{
 use sysprof_common::{
     stack,
     unwind::{
-        DEFAULT_CHUNKS, ExecMapping, MAPPINGS_PER_PROCESS, MAX_FRAMES, PROCESSES, ProcessMappings,
-        ROW_CACHE_SLOTS, ROWS_PER_CHUNK, RowChunk, UnwindRow, UnwoundStack, cfa, rbp,
+        DEFAULT_CHUNKS, ExecMapping, GENERATION_KERNEL, GENERATION_USERSPACE, MAPPINGS_PER_PROCESS,
+        MAX_FRAMES, PROCESSES, ProcessMappings, ROW_CACHE_SLOTS, ROWS_PER_CHUNK, RowChunk, UnwindRow,
+        UnwoundStack, cfa, rbp,
     },
 };
 
@@ -33,10 +34,10 @@ static UNWIND_ROWS: Array<RowChunk> =
 #[map]
 static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(PROCESSES, 0);
 
-/// Raised whenever an entry of `PROCESS_MAPPINGS` changes (see
+/// Counts the changes to `PROCESS_MAPPINGS`, by userspace and by the kernel side (see
 /// `sysprof_common::unwind::TABLES_GENERATION`).
 #[map]
-static TABLES_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+static TABLES_GENERATION: Array<u64> = Array::with_max_entries(2, 0);
 
 /// Each CPU's last answer of `tables_digest`, good while the generation is the same.
 #[repr(C)]
@@ -196,7 +197,7 @@ fn walk_current() -> Option<i32> {
 #[inline(always)]
 pub fn forget(tgid: u32) {
     if PROCESS_MAPPINGS.remove(tgid).is_ok()
-        && let Some(generation) = TABLES_GENERATION.get_ptr_mut(0)
+        && let Some(generation) = TABLES_GENERATION.get_ptr_mut(GENERATION_KERNEL)
     {
         crate::atomic::add(generation, 1);
     }
@@ -252,10 +253,15 @@ struct Registers {
 pub fn tables_digest(tgid: u32) -> u32 {
     // SAFETY: a map value, valid for the program's run.
     let lookup = |tgid: u32| PROCESS_MAPPINGS.get_ptr(tgid).map_or(0, |entry| unsafe { (*entry).digest });
-    let (Some(generation), Some(note)) = (TABLES_GENERATION.get(0), DIGEST_NOTES.get_ptr_mut(0)) else {
+    let (Some(by_userspace), Some(by_kernel), Some(note)) = (
+        TABLES_GENERATION.get(GENERATION_USERSPACE),
+        TABLES_GENERATION.get(GENERATION_KERNEL),
+        DIGEST_NOTES.get_ptr_mut(0),
+    ) else {
         return lookup(tgid);
     };
-    let generation = *generation;
+    // Both counters only grow, so their sum changes with every change to the entries.
+    let generation = by_userspace.wrapping_add(*by_kernel);
     // SAFETY: this CPU's slot, valid for the program's run.
     let note = unsafe { &mut *note };
     if note.generation == generation && note.tgid == tgid {

@@ -181,8 +181,12 @@ fn kernel_config(
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);
-        kernel.switch_notes |=
-            u32::from(family.programs().iter().any(|program| program.program() == "sched_switch"));
+        kernel.switch_notes |= u32::from(
+            family
+                .programs()
+                .iter()
+                .any(|program| program.program() == crate::sched::probes::SCHED_SWITCH.program()),
+        );
     }
     kernel
 }

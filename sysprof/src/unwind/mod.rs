@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use serde::{Deserialize, Serialize};
 use sysprof_common::unwind::{
     self as shared, ExecMapping, MAPPINGS_PER_PROCESS, ProcessMappings, ROWS_PER_CHUNK, RowChunk, UnwindRow,
@@ -97,6 +97,8 @@ pub struct Unwinder {
     /// Processes with more executable mappings than an entry holds.
     crowded: std::collections::BTreeSet<u32>,
     sysprof_pid: u32,
+    /// Passes that wrote or dropped entries (`shared::GENERATION_USERSPACE`).
+    generation: u64,
     /// Python frames, walked with the native ones.
     python: crate::python::Python,
 }
@@ -136,6 +138,7 @@ impl Unwinder {
             crowded: Default::default(),
             own_exe: std::env::current_exe().ok().and_then(|exe| std::fs::canonicalize(exe).ok()),
             sysprof_pid: std::process::id(),
+            generation: 0,
             python: crate::python::Python::new(),
         }
     }
@@ -235,7 +238,11 @@ impl Unwinder {
     fn write_entries(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) -> usize {
         let pending_before = self.files.len();
         if self.write_changed_entries(probes, processes, version) {
-            raise_generation(probes);
+            // The kernel's notes of the entries' digests hold no longer (see
+            // `shared::TABLES_GENERATION`). Only this counts at this index: a write, not a
+            // read and a write.
+            self.generation += 1;
+            let _ = probes.set(shared::TABLES_GENERATION, shared::GENERATION_USERSPACE, self.generation);
         }
         self.processes_full = self.processes_full.max(self.refused.len());
         self.summary.processes = self.summary.processes.max(self.written.len());
@@ -409,17 +416,6 @@ fn write_mapped(fd: std::os::fd::BorrowedFd<'_>, offset: usize, bytes: &[u8]) ->
         window.copy_from_slice(part);
     }
     Ok(())
-}
-
-/// Raises the tables' generation (`shared::TABLES_GENERATION`) after entries changed: each
-/// CPU's note of the last process's digest holds only while it stays the same. The kernel side
-/// raises it too, atomically, when it drops an entry; a raise of its lost to this read and
-/// write still leaves the generation above any a note was taken under before the change.
-fn raise_generation(probes: &mut Probes) {
-    let Ok(map) = probes.map_mut(shared::TABLES_GENERATION) else { return };
-    let Ok(mut generation) = Array::<&mut MapData, u64>::try_from(map) else { return };
-    let current = generation.get(&0, 0).unwrap_or(0);
-    let _ = generation.set(0, &current.wrapping_add(1), 0);
 }
 
 /// A process's entry: each mapping with its file's table where it is loaded (asking the
