@@ -170,8 +170,14 @@ pub(crate) fn analyze(
     // Rendered in memory, written after the report (see results::write_all).
     let mut files = Vec::new();
     let facts = profile_facts(recording, &profiles, processes, symbolizer.reads_files());
-    for StackFile { name, title, profile } in &profiles {
-        files.extend(output::render(&Artifact::Stacks { name, title, profile, facts: &facts })?);
+    // Each profile dropped once its files are rendered: they are what is written.
+    for StackFile { name, title, profile } in profiles {
+        files.extend(output::render(&Artifact::Stacks {
+            name,
+            title: &title,
+            profile: &profile,
+            facts: &facts,
+        })?);
     }
     if let (Some(timeline), Some(stacks)) = (&recording.timeline, &shared.timeline_stacks) {
         let (file, notes) = timeline::write(
@@ -337,7 +343,7 @@ fn profile_facts(
         .then(|| 1_000_000_000 / props.frequency_hz.max(1) as i64);
     let named: BTreeSet<&str> = profiles
         .iter()
-        .flat_map(|p| p.profile.stacks.iter().flat_map(|s| s.frames.iter().map(|f| f.module.as_str())))
+        .flat_map(|p| p.profile.stacks.iter().flat_map(|s| s.frames.iter().map(|f| &*f.module)))
         .collect();
     ProfileFacts {
         time_nanos,

@@ -127,7 +127,7 @@ pub fn own_frame(frames: &[Frame]) -> Option<&Frame> {
 /// A frame as a call site: `function (module)`, or a Python frame's `function (file:line)`.
 pub fn describe(frame: &Frame) -> String {
     if frame.is_python() {
-        return frame.function.clone();
+        return frame.function.to_string();
     }
     format!("{} ({})", frame.function, frame.module)
 }
@@ -156,7 +156,7 @@ impl Names for CallNames {
     fn symbol(&self, tgid: u32, address: u64) -> String {
         self.symbols
             .get(&(tgid, address))
-            .map(|f| f.function.clone())
+            .map(|f| f.function.to_string())
             .unwrap_or_else(|| format!("{address:#x}"))
     }
 }

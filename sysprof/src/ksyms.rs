@@ -71,8 +71,8 @@ fn frame_of(text: &str) -> Option<Frame> {
         return None;
     }
     Some(Frame {
-        function: function.to_string(),
-        module: module.map_or_else(|| Frame::KERNEL_MODULE.to_string(), |module| format!("[{module}]")),
+        function: function.into(),
+        module: module.map_or_else(|| Frame::KERNEL_MODULE.into(), |module| format!("[{module}]").into()),
     })
 }
 
@@ -83,9 +83,9 @@ mod tests {
     #[test]
     fn the_kernels_names_become_frames() {
         let frame = frame_of("do_syscall_64+0x82/0x190").unwrap();
-        assert_eq!((frame.function.as_str(), frame.module.as_str()), ("do_syscall_64", "[kernel]"));
+        assert_eq!((&*frame.function, &*frame.module), ("do_syscall_64", "[kernel]"));
         let frame = frame_of("nft_do_chain+0x7c/0x430 [nf_tables]").unwrap();
-        assert_eq!((frame.function.as_str(), frame.module.as_str()), ("nft_do_chain", "[nf_tables]"));
+        assert_eq!((&*frame.function, &*frame.module), ("nft_do_chain", "[nf_tables]"));
         assert!(frame_of("0xffffffffc0a1b2c3").is_none());
         assert!(is_kernel(0xffff_ffff_8100_0000) && !is_kernel(0x7fff_1234_5678));
     }

@@ -343,7 +343,7 @@ fn lookup_addresses(ips: &[u64]) -> impl Iterator<Item = u64> + '_ {
 }
 
 fn marker(label: &str) -> Frame {
-    Frame { function: label.to_string(), module: String::new() }
+    Frame { function: label.into(), module: "".into() }
 }
 
 /// The flamegraph root for a sample: the process name, with idle and kernel threads labelled.
@@ -407,7 +407,7 @@ mod tests {
 
     /// Kernel frames with these names, outermost first.
     fn kernel(names: &[&str]) -> Vec<Frame> {
-        names.iter().map(|n| Frame { function: n.to_string(), module: Frame::KERNEL_MODULE.into() }).collect()
+        names.iter().map(|n| Frame { function: (*n).into(), module: Frame::KERNEL_MODULE.into() }).collect()
     }
 
     #[test]
@@ -416,7 +416,7 @@ mod tests {
             kernel(&["entry_SYSCALL_64", "do_syscall_64", "syscall_exit_work", "__bpf_prog_run"]);
         label_probe_frames(&mut frames);
         assert_eq!(frames[..2], kernel(&["entry_SYSCALL_64", "do_syscall_64"])[..]);
-        assert_eq!(frames[2].function, SYSPROF_PROBES);
+        assert_eq!(&*frames[2].function, SYSPROF_PROBES);
         assert_eq!(frames.len(), 3);
         let mut seccomp = kernel(&["do_syscall_64", "syscall_trace_enter", "__secure_computing"]);
         label_probe_frames(&mut seccomp);

@@ -1,6 +1,9 @@
 //! Hotspots: which functions the samples land in (self) and pass through (inclusive).
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use serde::Serialize;
 
@@ -9,8 +12,8 @@ use crate::{profile::StackProfile, symbolize::Frame};
 /// One function's share of a stack profile.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Hotspot {
-    pub function: String,
-    pub module: String,
+    pub function: Arc<str>,
+    pub module: Arc<str>,
     /// Weight of the stacks whose innermost frame is this function.
     pub self_weight: u64,
     pub self_share: f64,
@@ -123,11 +126,11 @@ mod tests {
             ],
         };
         let rows = hotspots(&profile, 10);
-        assert_eq!(rows[0].function, "hot");
+        assert_eq!(&*rows[0].function, "hot");
         assert_eq!(rows[0].self_weight, 75);
         assert!((rows[0].self_share - 0.75).abs() < 1e-9);
-        assert_eq!(rows[1].function, "cold");
-        let main = rows.iter().find(|r| r.function == "main").unwrap();
+        assert_eq!(&*rows[1].function, "cold");
+        let main = rows.iter().find(|r| &*r.function == "main").unwrap();
         assert_eq!((main.self_weight, main.total_weight), (0, 100));
         assert!((main.total_share - 1.0).abs() < 1e-9);
         assert_eq!(hotspots(&profile, 2).len(), 2);

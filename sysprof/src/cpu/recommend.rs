@@ -48,7 +48,7 @@ pub fn probe_samples(profile: &StackProfile) -> u64 {
     profile
         .stacks
         .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function == SYSPROF_PROBES))
+        .filter(|s| s.frames.iter().any(|f| *f.function == *SYSPROF_PROBES))
         .map(|s| s.weight)
         .sum()
 }
@@ -69,9 +69,9 @@ pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recomm
     // The kernel's functions and the GPU runtimes' are the mechanism of a syscall, a fault or a
     // CUDA/NCCL call, which their own families advise on with the call's figures.
     let advisable = |h: &&Hotspot| {
-        h.module != crate::symbolize::Frame::KERNEL_MODULE
+        *h.module != *crate::symbolize::Frame::KERNEL_MODULE
             && !h.function.starts_with('[')
-            && h.module != "sysprof"
+            && &*h.module != "sysprof"
             && !GPU_RUNTIMES.iter().any(|m| h.module.starts_with(m))
     };
     for hotspot in hotspots(busy, 25)

@@ -81,7 +81,7 @@ fn fault_handling_time(cx: &Analysis<'_>) -> HashMap<u32, f64> {
     let busy: u64 = cpu.profile.stacks.iter().filter(|s| s.process != "[idle]").map(|s| s.weight).sum();
     let parallelism = (busy as f64 * period_s / cx.wall_s().max(1e-9)).max(1.0);
     for stack in &cpu.profile.stacks {
-        if stack.frames.iter().any(|f| f.is_kernel() && f.function == FAULT_ENTRY) {
+        if stack.frames.iter().any(|f| f.is_kernel() && *f.function == *FAULT_ENTRY) {
             *seconds.entry(stack.pid).or_default() += stack.weight as f64 * period_s / parallelism;
         }
     }

@@ -13,6 +13,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     io::Write as _,
+    sync::Arc,
 };
 
 use flate2::{Compression, write::GzEncoder};
@@ -225,8 +226,8 @@ struct Builder {
     string_ids: HashMap<String, i64>,
     functions: Vec<Function>,
     locations: Vec<Location>,
-    location_ids: HashMap<(String, String), u64>,
-    function_ids: HashMap<(String, String), u64>,
+    location_ids: HashMap<(Arc<str>, Arc<str>), u64>,
+    function_ids: HashMap<(String, Arc<str>), u64>,
     mappings: Vec<Mapping>,
     mapping_ids: HashMap<String, u64>,
     samples: Vec<Sample>,
@@ -301,8 +302,8 @@ impl Builder {
         // then the code object, the location its line. Native frames have no line: symbols are
         // read without DWARF's line tables.
         let (function, file, line) = match python_line(frame) {
-            Some((function, line)) => (function, frame.module.as_str(), line),
-            None => (frame.function.as_str(), "", 0),
+            Some((function, line)) => (function, &*frame.module, line),
+            None => (&*frame.function, "", 0),
         };
         let function_key = (function.to_string(), frame.module.clone());
         let function_id = match self.function_ids.get(&function_key) {

@@ -55,7 +55,7 @@ fn without_line(frame: &Frame) -> Frame {
         Some((head, line))
             if line.ends_with(')') && line[..line.len() - 1].bytes().all(|b| b.is_ascii_digit()) =>
         {
-            format!("{head})")
+            format!("{head})").into()
         }
         _ => frame.function.clone(),
     };
@@ -80,7 +80,8 @@ mod tests {
             frame("memset", "libc.so.6"),
             frame("asm_exc_page_fault", Frame::KERNEL_MODULE),
         ];
-        let names: Vec<String> = function_frames(&stack).into_iter().map(|f| f.function).collect();
+        let names: Vec<String> =
+            function_frames(&stack).into_iter().map(|f| f.function.to_string()).collect();
         assert_eq!(names, ["_start", "main (app.py)", "work (app.py)", "asm_exc_page_fault"]);
         // A C extension keeps its frames under its Python caller.
         let numpy = [
@@ -88,7 +89,8 @@ mod tests {
             frame("PyObject_Call", "python3.12"),
             frame("DOUBLE_add", "_multiarray_umath.so"),
         ];
-        let names: Vec<String> = function_frames(&numpy).into_iter().map(|f| f.function).collect();
+        let names: Vec<String> =
+            function_frames(&numpy).into_iter().map(|f| f.function.to_string()).collect();
         assert_eq!(names, ["work (app.py)", "DOUBLE_add"]);
     }
 }

@@ -54,8 +54,8 @@ fn python_frame(frame: u64, code: Option<&ProcessCode>, stack: u32) -> Frame {
         Some(code) => {
             let file = short_file(&code.file);
             Frame {
-                function: format!("{} ({file}:{})", code.name, code.line_at(offset)),
-                module: file.to_string(),
+                function: format!("{} ({file}:{})", code.name, code.line_at(offset)).into(),
+                module: file.into(),
             }
         }
         None => Frame { function: "[unknown Python function]".into(), module: Frame::PYTHON_UNKNOWN.into() },
@@ -85,7 +85,7 @@ mod tests {
     use crate::python::Code;
 
     fn native(names: &[&str]) -> Vec<Frame> {
-        names.iter().map(|name| Frame { function: name.to_string(), module: "python3.12".into() }).collect()
+        names.iter().map(|name| Frame { function: (*name).into(), module: "python3.12".into() }).collect()
     }
 
     #[test]
@@ -116,7 +116,7 @@ mod tests {
             "sqrt",
         ]);
         let merged: Vec<String> =
-            merge(stack, &python, Some(&code), 1).into_iter().map(|f| f.function).collect();
+            merge(stack, &python, Some(&code), 1).into_iter().map(|f| f.function.to_string()).collect();
         assert_eq!(
             merged,
             [
@@ -135,7 +135,7 @@ mod tests {
     fn python_frames_the_native_walk_did_not_reach_go_on_top() {
         let python = [0x1000 | FRAME_PYTHON | FRAME_ENTRY];
         let merged = merge(native(&["[unknown] python3.12+0x10"]), &python, None, 1);
-        assert_eq!(merged[0].function, "[unknown Python function]");
+        assert_eq!(&*merged[0].function, "[unknown Python function]");
         assert_eq!(merged.len(), 2);
     }
 

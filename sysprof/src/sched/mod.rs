@@ -151,7 +151,7 @@ pub fn offcpu_reason(state: u32, kernel: &[Frame], user: &[Frame]) -> &'static s
         let caller = user.last().map(|f| f.function.to_ascii_lowercase()).unwrap_or_default();
         // Only the C code under the innermost Python frame: the wait is its own.
         let native_leaf = user.iter().rev().take_while(|f| !f.is_python());
-        if native_leaf.into_iter().any(|f| GIL_TAKERS.contains(&f.function.as_str())) {
+        if native_leaf.into_iter().any(|f| GIL_TAKERS.contains(&&*f.function)) {
             GIL_WAIT
         } else if caller.contains("lock") && !caller.contains("unlock") {
             "lock contention"
@@ -161,7 +161,7 @@ pub fn offcpu_reason(state: u32, kernel: &[Frame], user: &[Frame]) -> &'static s
     } else if any(&["ep_poll", "do_epoll_wait", "do_select", "do_sys_poll", "core_sys_select"]) {
         // Before the sleeps: a select or poll with a timeout sleeps in poll_schedule_timeout.
         // CPython 3.10's time.sleep is a select() with no descriptors.
-        if user.iter().rev().take_while(|f| !f.is_python()).any(|f| f.function == "time_sleep") {
+        if user.iter().rev().take_while(|f| !f.is_python()).any(|f| &*f.function == "time_sleep") {
             "sleep"
         } else {
             "poll/epoll wait"
@@ -374,7 +374,7 @@ fn top_offcpu(offcpu: &StackProfile) -> Vec<OffCpuStack> {
                 reason,
                 seconds: stack.weight as f64 / 1e6,
                 blocked_in: innermost_own_function(code),
-                frames: code.iter().map(|f| f.function.clone()).collect(),
+                frames: code.iter().map(|f| f.function.to_string()).collect(),
             }
         })
         .collect()
@@ -383,12 +383,13 @@ fn top_offcpu(offcpu: &StackProfile) -> Vec<OffCpuStack> {
 /// The innermost user function of `frames` (outermost first) that is the program's own code,
 /// not a runtime library's (else the innermost user function): who blocked, or who woke.
 pub fn innermost_own_function(frames: &[Frame]) -> Option<String> {
-    program_function(frames).or_else(|| frames.iter().rev().find(|f| is_user(f)).map(|f| f.function.clone()))
+    program_function(frames)
+        .or_else(|| frames.iter().rev().find(|f| is_user(f)).map(|f| f.function.to_string()))
 }
 
 /// The innermost user function of `frames` that is the program's own code, if any.
 pub fn program_function(frames: &[Frame]) -> Option<String> {
-    frames.iter().rev().find(|f| is_user(f) && !is_runtime_library(&f.module)).map(|f| f.function.clone())
+    frames.iter().rev().find(|f| is_user(f) && !is_runtime_library(&f.module)).map(|f| f.function.to_string())
 }
 
 fn is_user(frame: &Frame) -> bool {
@@ -406,7 +407,7 @@ mod tests {
     use super::*;
 
     fn kernel(names: &[&str]) -> Vec<Frame> {
-        names.iter().map(|n| Frame { function: n.to_string(), module: Frame::KERNEL_MODULE.into() }).collect()
+        names.iter().map(|n| Frame { function: (*n).into(), module: Frame::KERNEL_MODULE.into() }).collect()
     }
 
     #[test]

@@ -377,7 +377,7 @@ impl Writer {
                     None => {
                         let sample = crate::callsites::sample(event.tgid, event.user_stack_id);
                         let frames = sources.names.stacks().user_frames(&sample);
-                        let above = frames.iter().rev().find(|f| f.function != name);
+                        let above = frames.iter().rev().find(|f| *f.function != *name);
                         above.map_or_else(|| "[no user stack]".into(), crate::callsites::describe)
                     }
                 };
@@ -561,13 +561,13 @@ impl Writer {
 
     fn frame(&mut self, frame: &SymbolFrame) -> u64 {
         let function = intern(&mut self.functions, &mut self.interned.function_names, &frame.function);
-        let mapping = match self.mappings.get(&frame.module) {
+        let mapping = match self.mappings.get(&*frame.module) {
             Some(&iid) => iid,
             None => {
                 let path = intern(&mut self.mapping_paths, &mut self.interned.mapping_paths, &frame.module);
                 let iid = self.mappings.len() as u64 + 1;
                 self.interned.mappings.push(Mapping { iid: Some(iid), path_string_ids: vec![path] });
-                self.mappings.insert(frame.module.clone(), iid);
+                self.mappings.insert(frame.module.to_string(), iid);
                 iid
             }
         };
