@@ -148,8 +148,7 @@ impl Results {
         )?;
         let detach = detach.wait();
         report.instrumentation.detach = detach.clone();
-        let props = &recording.props;
-        if props.save_readout {
+        if recording.props.save_readout {
             recording.detach = Some(detach);
             recording.run.own_usage =
                 Some((report.overhead.sysprof_cpu_s, report.overhead.sysprof_peak_rss_kib));
@@ -157,8 +156,12 @@ impl Results {
             recording.build_ids = build_ids;
             files.push(Rendered { name: recording::FILE_NAME.into(), bytes: recording.to_json()? });
         }
+        // The report and the rendered files are all that is written from here: the read-out,
+        // the symbols and the process table go before the report is rendered.
+        drop((symbolizer, processes));
+        let Recording { props, run, .. } = recording;
         let quiet = props.quiet;
-        let exit_code = recording.run.exit_code;
+        let exit_code = run.exit_code;
         let pprofs: Vec<(String, Vec<u8>)> = match &props.push {
             Some(_) => files
                 .iter()
