@@ -433,6 +433,27 @@ mod tests {
     }
 
     #[test]
+    fn frames_of_one_file_share_its_name() {
+        #[inline(never)]
+        #[unsafe(no_mangle)]
+        extern "C" fn sysprof_symbolize_test_other() -> u64 {
+            std::hint::black_box(7)
+        }
+        let pid = std::process::id();
+        let maps = ProcessMaps::read(pid).unwrap();
+        let (a, b) = (
+            sysprof_symbolize_test_marker as *const () as u64,
+            sysprof_symbolize_test_other as *const () as u64,
+        );
+        let frames = Symbolizer::new().user(pid, Some(&maps), &[a, b]);
+        let (first, second) = (&frames[&a][0], &frames[&b][0]);
+        assert_eq!(&*second.function, "sysprof_symbolize_test_other");
+        // One copy of the module's name for the file, not one per frame: a busy host's trace
+        // holds tens of thousands of stacks through a few files.
+        assert!(Arc::ptr_eq(&first.module, &second.module));
+    }
+
+    #[test]
     fn unknown_addresses_keep_their_module() {
         let maps = ProcessMaps::from_mappings(vec![Mapping {
             start: 0x1000,
