@@ -117,6 +117,7 @@ impl ResolvedStacks {
                 .flat_map(|ips| lookup_addresses(walked_part(split_python(ips).1, maps)))
                 .collect();
             let frames = symbolizer.user(pid, maps, &addrs.into_iter().collect::<Vec<_>>());
+            let mut python_frames = crate::python::PythonFrames::default();
             for id in ids {
                 let Some(ips) = stacks.get(&id) else { continue };
                 let (python, native) = split_python(ips);
@@ -131,7 +132,10 @@ impl ResolvedStacks {
                     resolved.truncate(leaf);
                     resolved.push(marker(UNMAPPED_CODE));
                 }
-                user.insert((pid, id), crate::python::merge(resolved, python, python_code, id));
+                user.insert(
+                    (pid, id),
+                    crate::python::merge(resolved, python, python_code, id, &mut python_frames),
+                );
             }
         }
         ResolvedStacks { kernel, user }

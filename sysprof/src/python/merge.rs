@@ -7,8 +7,16 @@ use sysprof_common::python::{
     FRAME_CODE_MASK, FRAME_ENTRY, FRAME_OFFSET_MAX, FRAME_OFFSET_SHIFT, FRAME_PYTHON,
 };
 
-use super::ProcessCode;
+use std::collections::HashMap;
+
+use super::{Code, ProcessCode};
 use crate::symbolize::Frame;
+
+/// The Python frames made so far for one process's stacks, by code object and line: every
+/// stack through a line shares its frame's names (a Python program's stacks are deep, and
+/// their frames the same few hundred lines).
+#[derive(Default)]
+pub struct PythonFrames(HashMap<(*const Code, u32), Frame>);
 
 /// Whether a recorded frame is a Python frame, not a native address.
 pub fn is_python_frame(frame: u64) -> bool {
@@ -18,7 +26,13 @@ pub fn is_python_frame(frame: u64) -> bool {
 /// The stack of `native` frames (outermost first, symbolized) with the Python frames
 /// `python` (innermost first, as recorded) in place of the evaluation function's frames.
 /// Python frames left over (the native walk ended early) go above the outermost native frame.
-pub fn merge(native: Vec<Frame>, python: &[u64], code: Option<&ProcessCode>, stack: u32) -> Vec<Frame> {
+pub fn merge(
+    native: Vec<Frame>,
+    python: &[u64],
+    code: Option<&ProcessCode>,
+    stack: u32,
+    made: &mut PythonFrames,
+) -> Vec<Frame> {
     if python.is_empty() {
         return native;
     }
@@ -28,13 +42,13 @@ pub fn merge(native: Vec<Frame>, python: &[u64], code: Option<&ProcessCode>, sta
         if is_evaluation(&frame.function)
             && let Some(group) = groups.next()
         {
-            leaf_first.extend(group.iter().map(|&frame| python_frame(frame, code, stack)));
+            leaf_first.extend(group.iter().map(|&frame| python_frame(frame, code, stack, made)));
         } else {
             leaf_first.push(frame);
         }
     }
     for group in groups {
-        leaf_first.extend(group.iter().map(|&frame| python_frame(frame, code, stack)));
+        leaf_first.extend(group.iter().map(|&frame| python_frame(frame, code, stack, made)));
     }
     leaf_first.reverse();
     leaf_first
@@ -47,16 +61,17 @@ fn is_evaluation(function: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
 
-fn python_frame(frame: u64, code: Option<&ProcessCode>, stack: u32) -> Frame {
+fn python_frame(frame: u64, code: Option<&ProcessCode>, stack: u32, made: &mut PythonFrames) -> Frame {
     let address = frame & FRAME_CODE_MASK;
     let offset = ((frame >> FRAME_OFFSET_SHIFT) & FRAME_OFFSET_MAX) as u32;
     match code.and_then(|code| code.lookup(stack, address)) {
         Some(code) => {
-            let file = short_file(&code.file);
-            Frame {
-                function: format!("{} ({file}:{})", code.name, code.line_at(offset)).into(),
-                module: file.into(),
-            }
+            let line = code.line_at(offset);
+            let frame = made.0.entry((code as *const Code, line)).or_insert_with(|| {
+                let file = short_file(&code.file);
+                Frame { function: format!("{} ({file}:{line})", code.name).into(), module: file.into() }
+            });
+            frame.clone()
         }
         None => Frame { function: "[unknown Python function]".into(), module: Frame::PYTHON_UNKNOWN.into() },
     }
@@ -115,8 +130,10 @@ mod tests {
             "_PyEval_EvalFrameDefault",
             "sqrt",
         ]);
-        let merged: Vec<String> =
-            merge(stack, &python, Some(&code), 1).into_iter().map(|f| f.function.to_string()).collect();
+        let merged: Vec<String> = merge(stack, &python, Some(&code), 1, &mut PythonFrames::default())
+            .into_iter()
+            .map(|f| f.function.to_string())
+            .collect();
         assert_eq!(
             merged,
             [
@@ -134,7 +151,8 @@ mod tests {
     #[test]
     fn python_frames_the_native_walk_did_not_reach_go_on_top() {
         let python = [0x1000 | FRAME_PYTHON | FRAME_ENTRY];
-        let merged = merge(native(&["[unknown] python3.12+0x10"]), &python, None, 1);
+        let merged =
+            merge(native(&["[unknown] python3.12+0x10"]), &python, None, 1, &mut PythonFrames::default());
         assert_eq!(&*merged[0].function, "[unknown Python function]");
         assert_eq!(merged.len(), 2);
     }

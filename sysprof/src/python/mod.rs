@@ -23,7 +23,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 pub use code::{Code, ProcessCode};
 pub use functions::by_function;
 pub use layout::{Interpreter, is_interpreter_file};
-pub use merge::{is_python_frame, merge};
+pub use merge::{PythonFrames, is_python_frame, merge};
 use sysprof_common::python::{ANY_PROCESS, FRAME_CODE_MASK, FRAME_PYTHON, PROCESSES, PythonProcess};
 
 use crate::{
