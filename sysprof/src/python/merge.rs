@@ -3,11 +3,11 @@
 //! under the Python function that called them and a Python function reads like
 //! `train_step (train.py:42)`.
 
+use std::collections::HashMap;
+
 use sysprof_common::python::{
     FRAME_CODE_MASK, FRAME_ENTRY, FRAME_OFFSET_MAX, FRAME_OFFSET_SHIFT, FRAME_PYTHON,
 };
-
-use std::collections::HashMap;
 
 use super::{Code, ProcessCode};
 use crate::symbolize::Frame;
@@ -97,7 +97,6 @@ fn short_file(path: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::python::Code;
 
     fn native(names: &[&str]) -> Vec<Frame> {
         names.iter().map(|name| Frame { function: (*name).into(), module: "python3.12".into() }).collect()
