@@ -81,6 +81,32 @@ pub struct Symbolizer {
     plt: HashMap<PathBuf, PltNames>,
     /// Where each file's names are read from, decided once.
     names: HashMap<PathBuf, NameSource>,
+    /// What each file's offsets resolved to, for every process that maps the file: a build's
+    /// hundreds of compilers are one file, resolved once, whose names are held once.
+    by_file: HashMap<FileId, HashMap<u64, Frames>>,
+}
+
+/// A file as it was when its offsets were resolved: a path that names another file later (a
+/// program rebuilt during the trace) is another file.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct FileId {
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+    modified_ns: i128,
+}
+
+impl FileId {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileId {
+            path: path.to_path_buf(),
+            device: meta.dev(),
+            inode: meta.ino(),
+            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        })
+    }
 }
 
 /// Where a file's function names come from. Its own DWARF names inlined functions too, and is
@@ -176,6 +202,7 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             plt: HashMap::new(),
             names: HashMap::new(),
+            by_file: HashMap::new(),
         }
     }
 
@@ -194,6 +221,7 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             plt: HashMap::new(),
             names: HashMap::new(),
+            by_file: HashMap::new(),
         }
     }
 
@@ -310,12 +338,43 @@ impl Symbolizer {
         addrs: &[u64],
         result: &mut HashMap<u64, Frames>,
     ) {
+        let file = FileId::of(&path);
+        let mut missing: Vec<u64> = Vec::with_capacity(addrs.len());
+        match file.as_ref().and_then(|file| self.by_file.get(file)) {
+            Some(known) => {
+                for &addr in addrs {
+                    match known.get(&mapping.file_offset_of(addr)) {
+                        Some(frames) => {
+                            result.insert(addr, frames.clone());
+                        }
+                        None => missing.push(addr),
+                    }
+                }
+            }
+            None => missing.extend_from_slice(addrs),
+        }
+        if missing.is_empty() {
+            return;
+        }
+        let fresh = self.resolve_file(path, mapping, module, &missing);
+        // Keyed by offset: another process maps the file at another address.
+        let mut known = file.map(|file| self.by_file.entry(file).or_default());
+        for (&addr, frames) in missing.iter().zip(fresh) {
+            if let Some(known) = known.as_mut() {
+                known.insert(mapping.file_offset_of(addr), frames.clone());
+            }
+            result.insert(addr, frames);
+        }
+    }
+
+    /// The frames of each of `addrs`, in `mapping` of the file at `path`.
+    fn resolve_file(&mut self, path: PathBuf, mapping: &Mapping, module: &str, addrs: &[u64]) -> Vec<Frames> {
         let offsets: Vec<u64> = addrs.iter().map(|&addr| mapping.file_offset_of(addr)).collect();
         let plt = self.plt.entry(path.clone()).or_insert_with(|| PltNames::read(&path));
         let stubs: Vec<Option<String>> = offsets.iter().map(|&offset| plt.name(offset)).collect();
         let names = self.names.entry(path).or_insert_with_key(|path| NameSource::of(path));
         let source = Source::Elf(names.elf());
-        let Some(blazesym) = &self.blazesym else { return };
+        let Some(blazesym) = &self.blazesym else { return Vec::new() };
         let resolved = match names {
             NameSource::DebugFile(..) => {
                 blazesym.symbolize(&source, Input::VirtOffset(&names.input(&offsets)))
@@ -324,17 +383,19 @@ impl Symbolizer {
         };
         // One copy of the file's name for all its frames.
         let shared_module: Arc<str> = module.into();
-        for (index, &addr) in addrs.iter().enumerate() {
-            // A PLT stub is its function's, `puts@plt`, not the symbol before it.
-            let frames = match (&stubs[index], &resolved) {
-                (Some(stub), _) => {
-                    Some(vec![Frame { function: stub.as_str().into(), module: shared_module.clone() }])
-                }
-                (None, Ok(symbols)) => frames_of(&symbols[index], &shared_module),
-                (None, Err(_)) => None,
-            };
-            result.insert(addr, frames.unwrap_or_else(|| vec![Frame::unknown(module, offsets[index])]));
-        }
+        (0..addrs.len())
+            .map(|index| {
+                // A PLT stub is its function's, `puts@plt`, not the symbol before it.
+                let frames = match (&stubs[index], &resolved) {
+                    (Some(stub), _) => {
+                        Some(vec![Frame { function: stub.as_str().into(), module: shared_module.clone() }])
+                    }
+                    (None, Ok(symbols)) => frames_of(&symbols[index], &shared_module),
+                    (None, Err(_)) => None,
+                };
+                frames.unwrap_or_else(|| vec![Frame::unknown(module, offsets[index])])
+            })
+            .collect()
     }
 }
 
@@ -451,6 +512,42 @@ mod tests {
         // One copy of the module's name for the file, not one per frame: a busy host's trace
         // holds tens of thousands of stacks through a few files.
         assert!(Arc::ptr_eq(&first.module, &second.module));
+    }
+
+    #[test]
+    fn processes_mapping_one_file_share_its_answers() {
+        let pid = std::process::id();
+        let maps = ProcessMaps::read(pid).unwrap();
+        // The same files mapped elsewhere, as another process would have them.
+        const SHIFT: u64 = 0x1000_0000;
+        let moved = ProcessMaps::from_mappings(
+            maps.mappings()
+                .iter()
+                // The files' mappings: [vsyscall] sits at the top of the address space.
+                .filter(|m| matches!(m.backing, Backing::File { .. }))
+                .map(|m| Mapping { start: m.start + SHIFT, end: m.end + SHIFT, ..m.clone() })
+                .collect(),
+        );
+        let addr = sysprof_symbolize_test_marker as *const () as u64;
+        let mut symbolizer = Symbolizer::new();
+        let own = symbolizer.user(pid, Some(&maps), &[addr]);
+        let other = symbolizer.user(pid + 1, Some(&moved), &[addr + SHIFT]);
+        let (own, other) = (&own[&addr][0], &other[&(addr + SHIFT)][0]);
+        assert_eq!(&*other.function, "sysprof_symbolize_test_marker");
+        // Resolved once for the file: the second process's frame is the first one's.
+        assert!(Arc::ptr_eq(&own.function, &other.function));
+    }
+
+    #[test]
+    fn a_file_changed_in_place_is_another_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("prog");
+        std::fs::write(&path, b"one").unwrap();
+        let before = FileId::of(&path).unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5)).unwrap();
+        assert_ne!(FileId::of(&path).unwrap(), before);
+        assert_eq!(FileId::of(&path).unwrap(), FileId::of(&path).unwrap());
     }
 
     #[test]
