@@ -136,7 +136,10 @@ impl Results {
             limitations,
         };
 
-        let mut symbolizer = Symbolizer::new();
+        let mut symbolizer = match recording.props.save_readout {
+            true => Symbolizer::new().keeping_answers(),
+            false => Symbolizer::new(),
+        };
         symbolizer.know_kernel(kernel_frames);
         let Analyzed { mut report, mut files, cpu_samples, build_ids } = analysis::analyze(
             &recording,
