@@ -91,8 +91,9 @@ pub struct Symbolizer {
     keep_answers: bool,
 }
 
-/// A file as it was when its offsets were resolved: a path that names another file later (a
-/// program rebuilt during the trace) is another file.
+/// A file as it was when its offsets were resolved: `uprobes::file_id`'s identity with the
+/// modification time, so that a path naming another file later (a program rebuilt during the
+/// trace) is another file, and the path, which names the frames' module.
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct FileId {
     path: PathBuf,
@@ -355,19 +356,15 @@ impl Symbolizer {
         result: &mut HashMap<u64, Frames>,
     ) {
         let file = FileId::of(&path);
-        let mut missing: Vec<u64> = Vec::with_capacity(addrs.len());
-        match file.as_ref().and_then(|file| self.by_file.get(file)) {
-            Some(known) => {
-                for &addr in addrs {
-                    match known.get(&mapping.file_offset_of(addr)) {
-                        Some(frames) => {
-                            result.insert(addr, frames.clone());
-                        }
-                        None => missing.push(addr),
-                    }
+        let known = file.as_ref().and_then(|file| self.by_file.get(file));
+        let mut missing: Vec<u64> = Vec::new();
+        for &addr in addrs {
+            match known.and_then(|known| known.get(&mapping.file_offset_of(addr))) {
+                Some(frames) => {
+                    result.insert(addr, frames.clone());
                 }
+                None => missing.push(addr),
             }
-            None => missing.extend_from_slice(addrs),
         }
         if missing.is_empty() {
             return;
