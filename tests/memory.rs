@@ -247,6 +247,37 @@ fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks(
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn blocks_beyond_the_live_table_are_counted_and_said_untracked() {
+    let Some(_guard) = root_guard("blocks_beyond_the_live_table_are_counted_and_said_untracked") else {
+        return;
+    };
+    let tracked = u64::from(sysprof_common::capacity::LIVE_ALLOCS);
+    const BEYOND: u64 = 1_000;
+    let (dir, report, pid) = trace_memload_by_pid(
+        &["--focus", "memory", "--malloc"],
+        &["keepsmall", &(tracked + BEYOND).to_string()],
+    );
+    // Every block counts; the first ones keep the table, so the oldest (the likeliest leaks)
+    // are the ones the live bytes and the in-use profile show.
+    let heap = &process_row(&report, pid)["heap"];
+    assert_eq!(heap["allocations"], tracked + BEYOND, "{heap:#}");
+    assert_eq!(heap["bytes"], 16 * (tracked + BEYOND), "{heap:#}");
+    assert_eq!(heap["live"], 16 * tracked, "{heap:#}");
+    assert_eq!(heap["peak_live"], 16 * tracked, "{heap:#}");
+    assert_eq!(
+        total_weight(&read_folded(&dir.path().join("inuse.folded")), "keep_small_blocks"),
+        16 * tracked
+    );
+    let limitations: Vec<&str> =
+        report["limitations"].as_array().unwrap().iter().filter_map(|l| l.as_str()).collect();
+    assert_eq!((BEYOND, tracked), (1_000, 262_144), "the sentence below spells them");
+    let said = "--malloc: 1,000 allocations came while 262,144 blocks were live";
+    assert!(limitations.iter().any(|l| l.starts_with(said)), "{limitations:#?}");
+    assert_no_sysprof_programs();
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_child_started_during_the_trace_gets_its_own_heap_probes() {
     let Some(_guard) = root_guard("a_child_started_during_the_trace_gets_its_own_heap_probes") else {
         return;

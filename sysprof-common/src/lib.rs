@@ -193,8 +193,9 @@ pub mod capacity {
     pub const FAULT_STACKS: u32 = 32 * 1024;
     pub const ALLOC_STACKS: u32 = 32 * 1024;
     pub const PROCESS_ALLOCS: u32 = 4 * 1024;
-    /// Live allocations tracked at once with --malloc (least recently used ones are forgotten
-    /// beyond it). The map is preallocated: about 25 MiB of kernel memory.
+    /// Live allocations tracked at once with --malloc (beyond it, new blocks are counted but
+    /// not tracked: `Counter::AllocsUntracked`). The map is preallocated: about 25 MiB of
+    /// kernel memory.
     pub const LIVE_ALLOCS: u32 = 256 * 1024;
 }
 
@@ -337,13 +338,16 @@ pub enum Counter {
     /// Switches that showed a traced task arriving on a CPU and none its leaving: the kernel
     /// hides that process's own events (a sandbox's agent), so it is not profiled.
     SwitchesUnseen = 16,
+    /// Allocations counted but not tracked as live blocks (`LIVE_ALLOCS` full): in the totals
+    /// and their call sites, not in the live bytes nor the in-use profile.
+    AllocsUntracked = 17,
 }
 
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 18] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -361,6 +365,7 @@ impl Counter {
         Counter::WakesLost,
         Counter::TimelineLost,
         Counter::SwitchesUnseen,
+        Counter::AllocsUntracked,
     ];
 }
 

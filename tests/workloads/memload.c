@@ -12,6 +12,8 @@
 //                            (malloc 1000, calloc 10 x 300, malloc 100 grown by realloc to 5000,
 //                            all freed: 4 allocations, 9100 bytes, 4 frees a round), then K
 //                            blocks of 4096 from keep_known_blocks, never freed
+//   memload keepsmall K      waits for a byte on stdin, then K blocks of 16 bytes from
+//                            keep_small_blocks, never freed
 //   memload childallocs N    waits for a byte on stdin, then forks a child that waits 300 ms
 //                            (a tracer sees it meanwhile) and does N rounds of
 //                            allocate_known_sizes; the parent waits for it
@@ -84,6 +86,10 @@ __attribute__((noinline)) void keep_known_blocks(long count) {
     }
 }
 
+__attribute__((noinline)) void keep_small_blocks(long count) {
+    for (long i = 0; i < count; i++) sink = malloc(16);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: memload touch N | mmaps K SIZE | allocs N K | mallocs N\n");
@@ -127,6 +133,11 @@ int main(int argc, char **argv) {
         wait_for_go();
         allocate_known_sizes(n);
         keep_known_blocks(atol(argv[3]));
+        return 0;
+    }
+    if (strcmp(mode, "keepsmall") == 0) {
+        wait_for_go();
+        keep_small_blocks(n);
         return 0;
     }
     if (strcmp(mode, "childallocs") == 0) {

@@ -357,9 +357,22 @@ fn device_rows(
 }
 
 /// What the memory figures cannot show, one line each.
-pub fn limitations(memory: &MemoryReport, processes: &ProcessTable) -> Vec<String> {
+/// `untracked_allocations`: blocks allocated while the live-block table was full.
+pub fn limitations(
+    memory: &MemoryReport,
+    processes: &ProcessTable,
+    untracked_allocations: u64,
+) -> Vec<String> {
     let mut lines = Vec::new();
     if memory.heap.is_some() {
+        if untracked_allocations > 0 {
+            lines.push(format!(
+                "--malloc: {} allocations came while {} blocks were live and tracked: they count in the \
+                 allocations, bytes and call sites, not in the live bytes nor the in-use profile",
+                thousands(untracked_allocations),
+                thousands(u64::from(sysprof_common::capacity::LIVE_ALLOCS))
+            ));
+        }
         let untracked: u64 =
             memory.processes.iter().filter_map(|p| p.heap.as_ref()).map(|h| h.untracked_frees).sum();
         if untracked > 0 {

@@ -50,7 +50,8 @@ pub(crate) fn analyze(dump: &MemoryDump, cx: &mut Analysis<'_>) -> MemoryReport 
         wall_s,
         sysprof_pid: cx.run.sysprof_pid,
     });
-    cx.limitations.extend(memory_report::limitations(&report, cx.processes));
+    let untracked = cx.counters.get(sysprof_common::Counter::AllocsUntracked);
+    cx.limitations.extend(memory_report::limitations(&report, cx.processes, untracked));
     let h2d_gb_s = cx
         .sections
         .get::<GpuReport>()
