@@ -85,7 +85,7 @@ pub mod names {
     pub const THREAD_SCHED: &str = "THREAD_SCHED";
     /// Hash: tgid -> [`crate::LatencyHistogram`] of run-queue latency.
     pub const RUNQ_LATENCY: &str = "RUNQ_LATENCY";
-    /// Array of two `u64`s, CLOCK_MONOTONIC when the trace started (the command's release, or
+    /// Array of one [`crate::TraceWindow`]: when the trace started (the command's release, or
     /// the end of the attach) and when it ended (before the read-out), each set by userspace
     /// then. The programs count only between them, so the figures cover the trace's elapsed
     /// time and no more.
@@ -208,6 +208,17 @@ pub mod filter {
     /// Tasks in a cgroup v2 subtree (`--cgroup`, `--unit`).
     pub const CGROUP: u32 = 2;
 }
+
+/// The trace's window (`names::TRACE_WINDOW`), in CLOCK_MONOTONIC ns, each 0 until set. One
+/// value, not two entries: the programs that test it take one map lookup, not two (a syscall's
+/// exit tests it on every call).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceWindow {
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+shared!(TraceWindow, 16);
 
 /// Read-only configuration of the BPF programs, written into the object before it is loaded.
 #[repr(C)]

@@ -129,14 +129,14 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
         return;
     };
     // Targets first; then the window, which is closed only while the results are read.
-    if !target::decide_current(state) || window::closed() {
+    if !target::decide_current(state) {
         return;
     }
+    // Before the trace starts (0) only where the thread is is kept (so a wait that began
+    // during the attach is timed from the start); nothing is counted.
+    let Some(start) = window::start_unless_closed() else { return };
     // Preempted while runnable (0), or inside the kernel (TASK_REPORT_MAX): involuntary.
     let involuntary = prev_state == 0 || prev_state == TASK_REPORT_MAX;
-    // Before the trace starts only where the thread is is kept (so a wait that began during
-    // the attach is timed from the start); nothing is counted.
-    let start = window::start();
     let runtime = exec_runtime(prev);
     if start != 0 {
         account_switch_out(state, involuntary, prev_state, start, now, runtime);
@@ -277,14 +277,14 @@ fn switch_in(next: *mut task_struct, now: u64) {
         return;
     }
     state.switched_in_ns = now;
-    if state.target != TARGET || window::closed() {
+    if state.target != TARGET {
         return;
     }
+    let Some(start) = window::start_unless_closed() else { return };
     let off_since = state.switched_out_ns;
     let runnable_since = state.runnable_since_ns;
     state.switched_out_ns = 0;
     state.runnable_since_ns = 0;
-    let start = window::start();
     if start == 0 {
         return;
     }

@@ -5,24 +5,17 @@
 //! calls (samples stay within frequency x CPUs x duration).
 
 use aya_ebpf::{macros::map, maps::Array};
+use sysprof_common::TraceWindow;
 
-/// `[start, end]` in CLOCK_MONOTONIC ns, 0 until set (see `sysprof_common::names::TRACE_WINDOW`).
+/// The window, 0s until set (see `sysprof_common::names::TRACE_WINDOW`).
 #[map]
-pub static TRACE_WINDOW: Array<u64> = Array::with_max_entries(2, 0);
+pub static TRACE_WINDOW: Array<TraceWindow> = Array::with_max_entries(1, 0);
 
-const START: u32 = 0;
-const END: u32 = 1;
-
-/// When the trace started; 0 before.
+/// When the trace started (0 before), unless it has ended (its read-out may be under way).
 #[inline(always)]
-pub fn start() -> u64 {
-    TRACE_WINDOW.get(START).copied().unwrap_or(0)
-}
-
-/// Whether the trace has ended (its read-out may be under way).
-#[inline(always)]
-pub fn closed() -> bool {
-    TRACE_WINDOW.get(END).is_some_and(|end| *end != 0)
+pub fn start_unless_closed() -> Option<u64> {
+    let window = TRACE_WINDOW.get(0)?;
+    (window.end_ns == 0).then_some(window.start_ns)
 }
 
 /// Whether an event now is inside the trace: it started and has not ended.
@@ -34,8 +27,8 @@ pub fn open() -> bool {
 /// The trace's start while it is open.
 #[inline(always)]
 pub fn open_since() -> Option<u64> {
-    let start = start();
-    (start != 0 && !closed()).then_some(start)
+    let window = TRACE_WINDOW.get(0)?;
+    (window.start_ns != 0 && window.end_ns == 0).then_some(window.start_ns)
 }
 
 /// `open`, for the call and heap probes, which sysprof's own probe-cost calibration also runs

@@ -484,7 +484,7 @@ pub async fn collect(
     // The kernel side's end: nothing counts from here, however long the read-out takes.
     let end_ns = crate::probes::monotonic_ns();
     let elapsed = started.elapsed();
-    probes.set(sysprof_common::names::TRACE_WINDOW, 1, end_ns)?;
+    probes.close_window(end_ns)?;
     let stats_coverage = stats_windows.finish(probes);
     // The programs' cost is the trace's, read as it ends: the read-out's thousands of map
     // reads are system calls too, sysprof's own, whose programs' runs are in its CPU time, not

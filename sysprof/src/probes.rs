@@ -407,6 +407,19 @@ impl Probes {
         Ok(self.target_bits.as_ref().expect("mapped above"))
     }
 
+    /// Opens the trace's window at `start_ns` (CLOCK_MONOTONIC): the programs count from here.
+    pub(crate) fn open_window(&mut self, start_ns: u64) -> anyhow::Result<()> {
+        self.set(names::TRACE_WINDOW, 0, sysprof_common::TraceWindow { start_ns, end_ns: 0 })
+    }
+
+    /// Closes the trace's window at `end_ns`: nothing counts from here.
+    pub(crate) fn close_window(&mut self, end_ns: u64) -> anyhow::Result<()> {
+        let array: Array<&MapData, sysprof_common::TraceWindow> =
+            Array::try_from(self.map(names::TRACE_WINDOW)?)?;
+        let window = array.get(&0, 0).context("reading the trace's window")?;
+        self.set(names::TRACE_WINDOW, 0, sysprof_common::TraceWindow { end_ns, ..window })
+    }
+
     /// Writes entry `index` of the array map `name`.
     pub(crate) fn set<T: aya::Pod>(&mut self, name: &str, index: u32, value: T) -> anyhow::Result<()> {
         let mut array: Array<&mut MapData, T> = Array::try_from(self.map_mut(name)?)?;

@@ -326,7 +326,7 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     let started = std::time::Instant::now();
     // The kernel side's start of the trace too: the programs count from here (a thread on a
     // CPU now is counted from here).
-    probes.set(sysprof_common::names::TRACE_WINDOW, 0, monotonic_ns())?;
+    probes.open_window(monotonic_ns())?;
     // Again, now that the set is complete: a switch that read the set before a late joiner
     // was added may have written its note after that addition's.
     probes.forget_switch_notes()?;
