@@ -357,6 +357,12 @@ pub enum Counter {
 impl Counter {
     /// Number of slots in the `COUNTERS` array (room for counters later programs add).
     pub const SLOTS: u32 = 32;
+
+    /// Whether it counts what was lost (a map or ring full), as the live status sums them: not
+    /// the samples, nor switches the kernel hid, nor blocks counted but not tracked as live.
+    pub const fn is_loss(self) -> bool {
+        !matches!(self, Counter::CpuSamples | Counter::SwitchesUnseen | Counter::AllocsUntracked)
+    }
     /// Every counter, in slot order.
     pub const ALL: [Counter; 18] = [
         Counter::CpuSamples,

@@ -465,11 +465,7 @@ pub async fn collect(
                         }
                     }
                     if let Ok(counters) = Counters::now(probes) {
-                        let lost = Counter::ALL
-                            .iter()
-                            .filter(|c| **c != Counter::CpuSamples)
-                            .map(|c| counters.get(*c))
-                            .sum();
+                        let lost = Counter::ALL.iter().filter(|c| c.is_loss()).map(|c| counters.get(*c)).sum();
                         status.update(started.elapsed(), counters.get(Counter::CpuSamples), lost);
                     }
                 }
