@@ -136,9 +136,10 @@ impl Results {
             limitations,
         };
 
-        let mut symbolizer = match recording.props.save_readout {
-            true => Symbolizer::new().keeping_answers(),
-            false => Symbolizer::new(),
+        let mut symbolizer = if recording.props.save_readout {
+            Symbolizer::new().keeping_answers()
+        } else {
+            Symbolizer::new()
         };
         symbolizer.know_kernel(kernel_frames);
         let Analyzed { mut report, mut files, cpu_samples, build_ids } = analysis::analyze(

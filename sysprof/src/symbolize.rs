@@ -357,32 +357,35 @@ impl Symbolizer {
     ) {
         let file = FileId::of(&path);
         let known = file.as_ref().and_then(|file| self.by_file.get(file));
-        let mut missing: Vec<u64> = Vec::new();
+        // Keyed by offset: another process maps the file at another address.
+        let (mut missing, mut offsets) = (Vec::new(), Vec::new());
         for &addr in addrs {
-            match known.and_then(|known| known.get(&mapping.file_offset_of(addr))) {
+            let offset = mapping.file_offset_of(addr);
+            match known.and_then(|known| known.get(&offset)) {
                 Some(frames) => {
                     result.insert(addr, frames.clone());
                 }
-                None => missing.push(addr),
+                None => {
+                    missing.push(addr);
+                    offsets.push(offset);
+                }
             }
         }
         if missing.is_empty() {
             return;
         }
-        let fresh = self.resolve_file(path, mapping, module, &missing);
-        // Keyed by offset: another process maps the file at another address.
+        let fresh = self.resolve_file(path, module, &offsets);
         let mut known = file.map(|file| self.by_file.entry(file).or_default());
-        for (&addr, frames) in missing.iter().zip(fresh) {
+        for ((&addr, &offset), frames) in missing.iter().zip(&offsets).zip(fresh) {
             if let Some(known) = known.as_mut() {
-                known.insert(mapping.file_offset_of(addr), frames.clone());
+                known.insert(offset, frames.clone());
             }
             result.insert(addr, frames);
         }
     }
 
-    /// The frames of each of `addrs`, in `mapping` of the file at `path`.
-    fn resolve_file(&mut self, path: PathBuf, mapping: &Mapping, module: &str, addrs: &[u64]) -> Vec<Frames> {
-        let offsets: Vec<u64> = addrs.iter().map(|&addr| mapping.file_offset_of(addr)).collect();
+    /// The frames at each of `offsets` in the file at `path`.
+    fn resolve_file(&mut self, path: PathBuf, module: &str, offsets: &[u64]) -> Vec<Frames> {
         let plt = self.plt.entry(path.clone()).or_insert_with(|| PltNames::read(&path));
         let stubs: Vec<Option<String>> = offsets.iter().map(|&offset| plt.name(offset)).collect();
         let names = self.names.entry(path).or_insert_with_key(|path| NameSource::of(path));
@@ -390,13 +393,13 @@ impl Symbolizer {
         let Some(blazesym) = &self.blazesym else { return Vec::new() };
         let resolved = match names {
             NameSource::DebugFile(..) => {
-                blazesym.symbolize(&source, Input::VirtOffset(&names.input(&offsets)))
+                blazesym.symbolize(&source, Input::VirtOffset(&names.input(offsets)))
             }
-            _ => blazesym.symbolize(&source, Input::FileOffset(&offsets)),
+            _ => blazesym.symbolize(&source, Input::FileOffset(offsets)),
         };
         // One copy of the file's name for all its frames.
         let shared_module: Arc<str> = module.into();
-        (0..addrs.len())
+        (0..offsets.len())
             .map(|index| {
                 // A PLT stub is its function's, `puts@plt`, not the symbol before it.
                 let frames = match (&stubs[index], &resolved) {
