@@ -184,7 +184,9 @@ pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let ret: i64 = ctx.arg(1);
-    if config().address_space != 0 {
+    // Tested here, not in the callee: a call to a function that is not inlined, and its
+    // return, on every call a target makes cost more than the test (see `account_address_space`).
+    if config().address_space != 0 && memory::address_space::is_address_space_call(call.nr) {
         memory::address_space::account_address_space(call, ret);
     }
     if call.nr == config().nr_mmap && !(-4095..0).contains(&ret) && call.args[2] & PROT_EXEC != 0 {
