@@ -267,9 +267,13 @@ fn learn_hidden(tgid: u32) {
 /// Notes the current task again, after an exec that may have changed its thread id (a thread
 /// other than the leader that execs takes the leader's id), with the verdict a switch would
 /// give it: a note without it would pass another process's calls for a target's
-/// (`current_target`) until the task next left the CPU.
+/// (`current_target`) until the task next left the CPU. Only where the switch program runs
+/// (`Config::switch_notes`): nothing reads the notes otherwise.
 #[inline(always)]
 pub fn renote_current() {
+    if config().switch_notes == 0 {
+        return;
+    }
     if let Some(slot) = ON_CPU.get_ptr_mut(0) {
         let id = bpf_get_current_pid_tgid();
         // SAFETY: this CPU's slot.
