@@ -147,6 +147,27 @@ fn a_process_that_takes_the_comm_name_at_its_exec_is_counted_from_its_exec() {
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_command_that_starts_more_processes_than_the_target_set_holds_is_followed_to_its_last() {
+    let Some(_guard) =
+        root_guard("a_command_that_starts_more_processes_than_the_target_set_holds_is_followed_to_its_last")
+    else {
+        return;
+    };
+    // Every child of the command joins the kernel's target set (16,384 processes). Ended ones
+    // stayed in it, so after that many children the next ones were not followed (and a pid
+    // the kernel gave out again was taken for a target's): this command's last child, which
+    // burns 300 ms of CPU, got no samples, and 618 processes were "not followed".
+    let children = sysprof_common::capacity::TARGETS as usize + 600;
+    let (dir, report) = trace_sysload(&["--focus", "cpu"], &["forks", &children.to_string(), "300"]);
+    assert_eq!(report["run"]["lost"]["processes_not_followed"], 0, "{:#}", report["run"]["lost"]);
+    // 300 ms of CPU at 99 Hz: about 30 samples.
+    let folded = read_folded(&dir.path().join("cpu.folded"));
+    let samples = self_weight(&folded, "burn_in_last_child");
+    assert!(samples >= 10, "the last child's samples: {samples}");
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn counts_failed_calls_by_errno() {
     let Some(_guard) = root_guard("counts_failed_calls_by_errno") else { return };
     // 50,000 failing calls, some 6 ms: 12% of the command's life, well over the 2% a

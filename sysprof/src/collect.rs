@@ -441,6 +441,7 @@ pub async fn collect(
                 // Forks, exits and mapped libraries do not wake sysprof (see the programs'
                 // `events::wakeup`): they are read here, if no exec came first.
                 drain_events(events.get_mut(), processes);
+                forget_ended_targets(probes, processes);
                 processes.rescan_due();
                 processes.sample_memory_due();
                 calls.attach_new(probes, processes);
@@ -489,6 +490,21 @@ pub async fn collect(
     let costs = crate::selfcost::since(probes.costs(), &stats_windows.baseline);
     probes.settle_fault_counts()?;
     Ok(Collected { ended_by: reason, elapsed, end_ns, stats_coverage, costs, command })
+}
+
+/// Takes the target processes that exited since the last tick out of the kernel's target set
+/// (`Probes::forget_ended_target`), once nothing of them is left: a machine that gives out
+/// 32,768 pids gave an ended target's pid to an unrelated process within minutes of a busy
+/// build, and a build of more than 16,384 processes filled the set, after which its new
+/// processes were not followed.
+fn forget_ended_targets(probes: &mut Probes, processes: &mut ProcessTable) {
+    for pid in processes.take_exited() {
+        // A failure leaves the process in the set, as every ended one was before: it costs
+        // room in the set, not a figure.
+        if crate::target::process_ended(pid) {
+            let _ = probes.forget_ended_target(pid);
+        }
+    }
 }
 
 /// Applies the process events the kernel sent; whether one was an exec.

@@ -392,11 +392,21 @@ impl Probes {
 
     /// Takes a process out of the in-kernel target set.
     pub fn remove_target_process(&mut self, pid: u32) -> anyhow::Result<()> {
+        self.forget_ended_target(pid)?;
+        // Unlike an ended process, this one runs: a note may say it is a target.
+        self.forget_switch_notes()
+    }
+
+    /// Takes a process that has ended out of the in-kernel target set, so that its pid, when
+    /// the kernel gives it to another process, is not taken for a target's, and its entry is
+    /// free for the next child (the set holds `capacity::TARGETS`). No switch note can name a
+    /// thread of it: none is left to run.
+    pub fn forget_ended_target(&mut self, pid: u32) -> anyhow::Result<()> {
         self.target_bits()?.set(pid, false);
         let mut targets: BpfHashMap<&mut MapData, u32, u8> =
             BpfHashMap::try_from(self.map_mut(names::TARGETS)?)?;
         let _ = targets.remove(&pid);
-        self.forget_switch_notes()
+        Ok(())
     }
 
     /// The target set's bits, mapped on first use.

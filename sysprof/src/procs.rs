@@ -97,6 +97,9 @@ pub struct ProcessTable {
     /// New stacks with Python frames the kernel reported, (pid, stack id), for the Python
     /// stage to read the code objects of.
     python_stacks: Vec<(u32, u32)>,
+    /// Processes whose exit the kernel reported since the last `take_exited`, when asked for
+    /// (`keep_exited`): the collect stage takes them out of the kernel's target set.
+    exited: Option<Vec<u32>>,
 }
 
 impl Default for ProcessTable {
@@ -109,6 +112,7 @@ impl Default for ProcessTable {
             replayed: false,
             mappings_announced: false,
             python_stacks: Vec::new(),
+            exited: None,
         }
     }
 }
@@ -144,6 +148,16 @@ impl ProcessTable {
     /// (five reads of each compiler's maps, which the kernel walks mapping by mapping).
     pub fn announces_mappings(&mut self) {
         self.mappings_announced = true;
+    }
+
+    /// Keeps the processes whose exit the kernel reports, for `take_exited`.
+    pub fn keep_exited(&mut self) {
+        self.exited = Some(Vec::new());
+    }
+
+    /// The processes whose exit was reported since the last call (see `keep_exited`).
+    pub fn take_exited(&mut self) -> Vec<u32> {
+        self.exited.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The early rescans a new process gets (see `NEW_PROCESS_RESCANS`).
@@ -210,6 +224,10 @@ impl ProcessTable {
         let comm = comm_to_string(&event.comm);
         match event.kind {
             process_event::FORK => {
+                // A pid that came back since its exit was noted is someone else's now.
+                if let Some(exited) = &mut self.exited {
+                    exited.retain(|&pid| pid != event.pid);
+                }
                 // Until it execs, a child runs its parent's code at the parent's addresses.
                 let inherited = self
                     .processes
@@ -287,6 +305,9 @@ impl ProcessTable {
                 record.exited = true;
                 // Whoever wrote an entry for it drops it.
                 stamp(&mut self.maps_version, record);
+                if let Some(exited) = &mut self.exited {
+                    exited.push(event.pid);
+                }
             }
             _ => {}
         }
@@ -566,6 +587,21 @@ mod tests {
         table.on_event(&event(process_event::EXIT, child, 0, "worker"));
         assert!(table.get(child).unwrap().exited);
         assert!(!table.live_pids().any(|pid| pid == child));
+    }
+
+    #[test]
+    fn exits_are_kept_for_the_target_set_only_when_asked_and_until_the_pid_comes_back() {
+        let (gone, back) = (u32::MAX - 11, u32::MAX - 12);
+        let mut table = ProcessTable::new();
+        table.on_event(&event(process_event::EXIT, gone, 0, "worker"));
+        assert!(table.take_exited().is_empty(), "not asked for");
+        table.keep_exited();
+        table.on_event(&event(process_event::EXIT, gone, 0, "worker"));
+        table.on_event(&event(process_event::EXIT, back, 0, "worker"));
+        // The pid given to a new child before the exits were taken: the set keeps it.
+        table.on_event(&event(process_event::FORK, back, gone, "worker"));
+        assert_eq!(table.take_exited(), vec![gone]);
+        assert!(table.take_exited().is_empty(), "each exit is taken once");
     }
 
     #[test]

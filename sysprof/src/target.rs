@@ -167,6 +167,16 @@ pub fn process_alive(pid: u32) -> bool {
     proc_stat(pid).is_some_and(|stat| stat.alive())
 }
 
+/// Whether process `pid` has ended: no longer in /proc, or a zombie with no thread left but
+/// its leader (the kernel's exit event comes from the leader, which may end before the others).
+pub fn process_ended(pid: u32) -> bool {
+    let Ok(status) = read_proc_text(&format!("/proc/{pid}/status")) else { return true };
+    let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name)).map(str::trim);
+    let dead = field("State:").is_some_and(|state| state.starts_with(['Z', 'X']));
+    let threads = field("Threads:").and_then(|n| n.parse::<u32>().ok()).unwrap_or(1);
+    dead && threads <= 1
+}
+
 fn resolve_comm(name: &str) -> ResolvedTarget {
     let mut resolved = ResolvedTarget::new(filter::TARGETS);
     // The kernel keeps 15 bytes of a task name.
@@ -316,6 +326,22 @@ fn find_unit_cgroup(unit: &str) -> Result<PathBuf, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_has_ended_when_it_is_gone_or_a_zombie_of_one_thread() {
+        assert!(!process_ended(std::process::id()), "this test's own process runs");
+        assert!(process_ended(4_000_000_000), "no such process");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not waited for: a zombie once it exits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !proc_stat(pid).is_some_and(|stat| stat.state == 'Z') && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(process_ended(pid), "a zombie");
+        child.wait().unwrap();
+        assert!(process_ended(pid), "reaped");
+    }
 
     #[test]
     fn pids_must_exist() {

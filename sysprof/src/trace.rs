@@ -226,6 +226,10 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     for &pid in &resolved.pids {
         processes.observe_existing(pid);
     }
+    // A set of processes followed through their children: the ended ones leave it.
+    if resolved.filter == filter::TARGETS {
+        processes.keep_exited();
+    }
 
     // Load/attach.
     let sizes = MapSizes {

@@ -43,6 +43,10 @@
 //   sysload tickers THREADS SECONDS
 //                                 THREADS threads that each wake every 10 ms for SECONDS;
 //                                 prints "cpu_ns=X", the process's CPU time
+//   sysload forks N MS            N children, one after another, each exiting at once; then
+//                                 one more that burns MS ms of CPU in burn_in_last_child and
+//                                 whose pid is printed ("last_child=PID"): a command that
+//                                 starts more processes than a tracer's target set holds
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -pthread -o sysload sysload.c
 #define _GNU_SOURCE
@@ -155,6 +159,16 @@ __attribute__((noinline)) void sleep_from_b(long ms) {
 
 __attribute__((noinline)) int maybe_fail(int i) { return i % 2 ? -1 : i; }
 
+/* Spins until this process has used `ms` of CPU time. */
+__attribute__((noinline)) void burn_in_last_child(long ms) {
+    struct timespec ts;
+    volatile uint64_t sink = 0;
+    do {
+        for (int i = 0; i < 100000; i++) sink += (uint64_t)i * i;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    } while (ts.tv_sec * 1000L + ts.tv_nsec / 1000000L < ms);
+}
+
 __attribute__((noinline)) long probed_function(long i) {
     __asm__ volatile("" ::: "memory");
     return i + 1;
@@ -224,6 +238,25 @@ int main(int argc, char **argv) {
         clock_gettime(CLOCK_REALTIME, &ts);
         printf("end_realtime_ns=%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
         return 0;
+    }
+    if (strcmp(mode, "forks") == 0 && argc >= 4) {
+        long n = atol(argv[2]), ms = atol(argv[3]);
+        for (long i = 0; i < n; i++) {
+            pid_t child = fork();
+            if (child < 0) return 1;
+            if (child == 0) _exit(0);
+            waitpid(child, NULL, 0);
+        }
+        pid_t last = fork();
+        if (last < 0) return 1;
+        if (last == 0) {
+            burn_in_last_child(ms);
+            _exit(0);
+        }
+        int status;
+        waitpid(last, &status, 0);
+        printf("last_child=%d\n", last);
+        return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
     }
     if (strcmp(mode, "getppid") == 0) {
         long n = atol(argv[2]);
