@@ -493,14 +493,15 @@ pub async fn collect(
 }
 
 /// Takes the target processes that exited since the last tick out of the kernel's target set
-/// (`Probes::forget_ended_target`), once nothing of them is left: a machine that gives out
-/// 32,768 pids gave an ended target's pid to an unrelated process within minutes of a busy
-/// build, and a build of more than 16,384 processes filled the set, after which its new
-/// processes were not followed.
+/// (`Probes::forget_ended_target`), once nothing of them is left. A machine with the default
+/// `pid_max` of small hosts (32,768) gives an ended process's pid out again after that many
+/// new processes, and the process that gets it is not a target; a command that started more
+/// than 16,384 processes filled the set, after which its new ones were not followed.
 fn forget_ended_targets(probes: &mut Probes, processes: &mut ProcessTable) {
     for pid in processes.take_exited() {
-        // A failure leaves the process in the set, as every ended one was before: it costs
-        // room in the set, not a figure.
+        // A process whose leader ended before its other threads stays, and so does one whose
+        // removal fails, as every ended one did before: that costs room in the set, not a
+        // figure.
         if crate::target::process_ended(pid) {
             let _ = probes.forget_ended_target(pid);
         }
