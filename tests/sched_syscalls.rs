@@ -168,6 +168,30 @@ fn a_command_that_starts_more_processes_than_the_target_set_holds_is_followed_to
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_process_whose_main_thread_ends_first_is_traced_until_its_last_thread_ends() {
+    let Some(_guard) =
+        root_guard("a_process_whose_main_thread_ends_first_is_traced_until_its_last_thread_ends")
+    else {
+        return;
+    };
+    // The leader's exit was taken for the process's: --pid ended the trace there, while the
+    // thread it left burned on for 600 ms, unseen.
+    let target = Background::spawn(std::process::Command::new(workload("sysload")).args([
+        "leaderexit",
+        "1500",
+        "600",
+    ]));
+    let dir = output_dir();
+    let mut trace =
+        spawn_tracing(&["trace", "--pid", &target.pid().to_string(), "--focus", "cpu"], dir.path());
+    assert!(wait_bounded(&mut trace, std::time::Duration::from_secs(30)).success());
+    // 600 ms of CPU at 99 Hz: about 60 samples.
+    let samples = self_weight(&read_folded(&dir.path().join("cpu.folded")), "burn_after_leader_exit");
+    assert!(samples >= 20, "the last thread's samples: {samples}");
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn counts_failed_calls_by_errno() {
     let Some(_guard) = root_guard("counts_failed_calls_by_errno") else { return };
     // 50,000 failing calls, some 6 ms: 12% of the command's life, well over the 2% a

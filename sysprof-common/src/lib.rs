@@ -286,9 +286,14 @@ pub struct Config {
     /// syscall, sched and memory families load it): the other programs read the note only
     /// then, for without it a note written at an exec would outlive its task.
     pub switch_notes: u32,
+    /// Byte offsets of `task_struct::signal` and of `signal_struct::live` (the threads of a
+    /// process still running): the exit program tells a process's end from its leader's by
+    /// them. 0 when unknown (the leader's exit then stands for the process's).
+    pub task_signal_offset: u32,
+    pub signal_live_offset: u32,
     pub _pad: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 20 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 22 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {

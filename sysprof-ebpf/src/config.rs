@@ -38,6 +38,8 @@ static mut CONFIG: Config = Config {
     task_exec_runtime_offset: 0,
     task_start_boottime_offset: 0,
     switch_notes: 0,
+    task_signal_offset: 0,
+    signal_live_offset: 0,
     _pad: 0,
 };
 

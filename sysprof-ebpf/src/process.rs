@@ -93,25 +93,52 @@ fn try_process_exec() {
 
 /// `sched_process_exit(struct task_struct *p)`, run by each exiting thread.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
-pub fn process_exit(_ctx: RawTracePointContext) -> i32 {
-    try_process_exit();
+pub fn process_exit(ctx: RawTracePointContext) -> i32 {
+    try_process_exit(&ctx);
     0
 }
 
 #[inline(always)]
-fn try_process_exit() {
+fn try_process_exit(ctx: &RawTracePointContext) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !target::is_current_target(tgid) {
         return;
     }
     crate::memory::faults::count_exiting_thread(tgid, pid_tgid as u32);
-    if pid_tgid as u32 != tgid {
+    if !process_ends(ctx, pid_tgid) {
         return;
     }
     // Its pid may be reused by a process with other mappings.
     crate::unwind::forget(tgid);
     emit(process_event::EXIT, tgid, 0, 0, 0);
+}
+
+/// Whether the exiting thread is its process's last: the kernel has counted it out of
+/// `signal->live` before this tracepoint, so none is left running when that is 0. A leader
+/// may end before its other threads (`pthread_exit` in main): its exit was once taken for the
+/// process's, whose other threads then went on unseen by userspace, unwound by frame pointers
+/// only, and `--pid` ended its trace. Where the offsets are unknown, the leader's exit stands
+/// for the process's.
+#[inline(always)]
+fn process_ends(ctx: &RawTracePointContext, pid_tgid: u64) -> bool {
+    let config = config();
+    let leader = pid_tgid as u32 == (pid_tgid >> 32) as u32;
+    if config.task_signal_offset == 0 || config.signal_live_offset == 0 {
+        return leader;
+    }
+    let task: *const u8 = ctx.arg(0);
+    // SAFETY: `task` is the tracepoint's task_struct and the offsets come from kernel BTF;
+    // the helper checks each read.
+    let live = unsafe {
+        bpf_probe_read_kernel(task.add(config.task_signal_offset as usize) as *const *const u8).and_then(
+            |signal| bpf_probe_read_kernel(signal.add(config.signal_live_offset as usize) as *const i32),
+        )
+    };
+    match live {
+        Ok(live) => live == 0,
+        Err(_) => leader,
+    }
 }
 
 /// Tells userspace that a target process mapped executable memory (see

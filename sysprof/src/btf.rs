@@ -38,6 +38,10 @@ pub struct TaskOffsets {
     /// `start_boottime`: when a task started, which the fork program sends with each new
     /// process; 0 where the kernel has no such field.
     pub start_boottime: u32,
+    /// `signal` and `signal_struct::live`: how many of a task's process's threads have not
+    /// begun to exit, which the exit program reads; 0 where unknown.
+    pub signal: u32,
+    pub signal_live: u32,
 }
 
 impl TaskOffsets {
@@ -61,6 +65,8 @@ impl TaskOffsets {
                 .and_then(|se| Ok(se + btf.member_offset("sched_entity", "sum_exec_runtime")?))
                 .unwrap_or(0),
             start_boottime: btf.member_offset("task_struct", "start_boottime").unwrap_or(0),
+            signal: btf.member_offset("task_struct", "signal").unwrap_or(0),
+            signal_live: btf.member_offset("signal_struct", "live").unwrap_or(0),
         })
     }
 }

@@ -499,10 +499,10 @@ pub async fn collect(
 /// than 16,384 processes filled the set, after which its new ones were not followed.
 fn forget_ended_targets(probes: &mut Probes, processes: &mut ProcessTable) {
     for pid in processes.take_exited() {
-        // A process whose leader ended before its other threads stays, and so does one whose
-        // removal fails, as every ended one did before: that costs room in the set, not a
-        // figure.
-        if crate::target::process_ended(pid) {
+        // One still running (its leader's exit was taken for its own where the kernel's
+        // offsets are unknown) stays, and so does one whose removal fails, as every ended one
+        // did before: that costs room in the set, not a figure.
+        if !crate::target::process_alive(pid) {
             let _ = probes.forget_ended_target(pid);
         }
     }

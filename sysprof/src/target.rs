@@ -111,15 +111,18 @@ pub struct ProcStat {
     pub start_ticks: u64,
     /// A kernel thread (PF_KTHREAD): it has no memory map, now or ever.
     pub kernel_thread: bool,
+    /// Its threads, the leader counted until it is reaped.
+    pub threads: u32,
 }
 
 /// `task_struct::flags` of a kernel thread.
 const PF_KTHREAD: u64 = 0x0020_0000;
 
 impl ProcStat {
-    /// Exists and is not a zombie.
+    /// Exists, and is not a zombie, or is one whose leader ended before its other threads
+    /// (`pthread_exit` in main: the state shown is the leader's).
     pub fn alive(&self) -> bool {
-        !matches!(self.state, 'Z' | 'X')
+        !matches!(self.state, 'Z' | 'X') || self.threads > 1
     }
 }
 
@@ -159,22 +162,13 @@ pub fn proc_stat(pid: u32) -> Option<ProcStat> {
         ppid: fields.get(1)?.parse().ok()?,
         start_ticks: fields.get(19)?.parse().ok()?,
         kernel_thread: fields.get(6)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
+        threads: fields.get(17)?.parse().ok()?,
     })
 }
 
-/// Whether `pid` still runs: exists and is not a zombie waiting for its parent.
+/// Whether `pid` still runs (see `ProcStat::alive`).
 pub fn process_alive(pid: u32) -> bool {
     proc_stat(pid).is_some_and(|stat| stat.alive())
-}
-
-/// Whether process `pid` has ended: no longer in /proc, or a zombie with no thread left but
-/// its leader (the kernel's exit event comes from the leader, which may end before the others).
-pub fn process_ended(pid: u32) -> bool {
-    let Ok(status) = read_proc_text(&format!("/proc/{pid}/status")) else { return true };
-    let field = |name: &str| status.lines().find_map(|line| line.strip_prefix(name)).map(str::trim);
-    let dead = field("State:").is_some_and(|state| state.starts_with(['Z', 'X']));
-    let threads = field("Threads:").and_then(|n| n.parse::<u32>().ok()).unwrap_or(1);
-    dead && threads <= 1
 }
 
 fn resolve_comm(name: &str) -> ResolvedTarget {
@@ -328,9 +322,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_process_has_ended_when_it_is_gone_or_a_zombie_of_one_thread() {
-        assert!(!process_ended(std::process::id()), "this test's own process runs");
-        assert!(process_ended(4_000_000_000), "no such process");
+    fn a_process_is_alive_until_it_is_gone_or_a_zombie_of_one_thread() {
+        assert!(process_alive(std::process::id()), "this test's own process runs");
+        assert!(!process_alive(4_000_000_000), "no such process");
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         // Not waited for: a zombie once it exits.
@@ -338,9 +332,10 @@ mod tests {
         while !proc_stat(pid).is_some_and(|stat| stat.state == 'Z') && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        assert!(process_ended(pid), "a zombie");
+        assert_eq!(proc_stat(pid).map(|stat| stat.threads), Some(1));
+        assert!(!process_alive(pid), "a zombie");
         child.wait().unwrap();
-        assert!(process_ended(pid), "reaped");
+        assert!(!process_alive(pid), "reaped");
     }
 
     #[test]

@@ -177,6 +177,8 @@ fn kernel_config(
         task_exec_runtime_offset: offsets.exec_runtime,
         task_start_boottime_offset: offsets.start_boottime,
         switch_notes: 0,
+        task_signal_offset: offsets.signal,
+        signal_live_offset: offsets.signal_live,
         _pad: 0,
     };
     for family in families::enabled(props) {

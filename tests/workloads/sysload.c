@@ -43,6 +43,9 @@
 //   sysload tickers THREADS SECONDS
 //                                 THREADS threads that each wake every 10 ms for SECONDS;
 //                                 prints "cpu_ns=X", the process's CPU time
+//   sysload leaderexit WAIT_MS MS  sleeps WAIT_MS, starts a thread that burns MS ms of its CPU
+//                                 in burn_after_leader_exit, and ends its main thread alone
+//                                 (pthread_exit): the process runs on without its leader
 //   sysload forks N MS            N children, one after another, each exiting at once; then
 //                                 one more that burns MS ms of CPU in burn_in_last_child and
 //                                 whose pid is printed ("last_child=PID"): a command that
@@ -159,6 +162,17 @@ __attribute__((noinline)) void sleep_from_b(long ms) {
 
 __attribute__((noinline)) int maybe_fail(int i) { return i % 2 ? -1 : i; }
 
+/* Spins until this thread has used `ms` of CPU time. */
+__attribute__((noinline)) void *burn_after_leader_exit(void *ms) {
+    struct timespec ts;
+    volatile uint64_t sink = 0;
+    do {
+        for (int i = 0; i < 100000; i++) sink += (uint64_t)i * i;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    } while (ts.tv_sec * 1000L + ts.tv_nsec / 1000000L < (long)(intptr_t)ms);
+    return NULL;
+}
+
 /* Spins until this process has used `ms` of CPU time. */
 __attribute__((noinline)) void burn_in_last_child(long ms) {
     struct timespec ts;
@@ -238,6 +252,14 @@ int main(int argc, char **argv) {
         clock_gettime(CLOCK_REALTIME, &ts);
         printf("end_realtime_ns=%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
         return 0;
+    }
+    if (strcmp(mode, "leaderexit") == 0 && argc >= 4) {
+        long wait_ms = atol(argv[2]), ms = atol(argv[3]);
+        struct timespec nap = {wait_ms / 1000, (wait_ms % 1000) * 1000000L};
+        nanosleep(&nap, NULL);
+        pthread_t worker;
+        if (pthread_create(&worker, NULL, burn_after_leader_exit, (void *)(intptr_t)ms) != 0) return 1;
+        pthread_exit(NULL);
     }
     if (strcmp(mode, "forks") == 0 && argc >= 4) {
         long n = atol(argv[2]), ms = atol(argv[3]);
