@@ -76,16 +76,17 @@ fn try_process_exec() {
         state.target = UNDECIDED;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !target::is_current_target(tgid) {
-        if config().filter != filter::TARGETS || !target::current_comm_matches() {
-            target::renote_current();
-            return;
-        }
+    let known = target::is_current_target(tgid);
+    let joins = !known && config().filter == filter::TARGETS && target::current_comm_matches();
+    if joins {
         target::add_target_process(tgid);
     }
     // After the set's verdict on the new program: a note made before a --comm match added it
     // would say it is outside until its next switch.
     target::renote_current();
+    if !known && !joins {
+        return;
+    }
     // The old program's mappings are gone: frame pointers until userspace writes the new ones.
     crate::unwind::forget(tgid);
     emit(process_event::EXEC, tgid, 0, 0, 0);

@@ -27,8 +27,7 @@ pub fn open() -> bool {
 /// The trace's start while it is open.
 #[inline(always)]
 pub fn open_since() -> Option<u64> {
-    let window = TRACE_WINDOW.get(0)?;
-    (window.start_ns != 0 && window.end_ns == 0).then_some(window.start_ns)
+    start_unless_closed().filter(|&start| start != 0)
 }
 
 /// `open`, for the call and heap probes, which sysprof's own probe-cost calibration also runs
