@@ -329,6 +329,7 @@ fn the_markdown_report_matches_its_golden_file() {
                 errors: 5000,
                 total_ns: 1_000_000,
                 lost: 0,
+                unattributed: 0,
             }),
             Box::new(memory_section()),
         ]),

@@ -168,6 +168,44 @@ fn a_command_that_starts_more_processes_than_the_target_set_holds_is_followed_to
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_calls_of_a_command_with_more_process_syscall_pairs_than_the_map_holds_are_all_counted() {
+    let Some(_guard) = root_guard(
+        "the_calls_of_a_command_with_more_process_syscall_pairs_than_the_map_holds_are_all_counted",
+    ) else {
+        return;
+    };
+    // Each child adds at least one (process, syscall) pair, its exit_group, to the syscall
+    // map, whose 16,384 entries then fill: the later children's calls were lost (19,365 of
+    // them in a run of 16,984 children).
+    let children = sysprof_common::capacity::SYSCALLS as usize + 600;
+    let (dir, report) =
+        trace_sysload(&["--focus", "syscalls", "--save-readout"], &["forks", &children.to_string(), "0"]);
+    let syscalls = &report["syscalls"];
+    assert_eq!(syscalls["lost"], 0, "{:#}", report["run"]["lost"]);
+    let rows = syscalls["rows"].as_array().unwrap();
+    // Every child, the last one and sysload itself end with exit_group: exact.
+    let exits: u64 = rows
+        .iter()
+        .filter(|row| row["syscall"] == "exit_group")
+        .map(|row| row["calls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(exits, children as u64 + 2);
+    // The map did fill: the rest went to the row of the processes it had no room for.
+    let unattributed = syscalls["unattributed"].as_u64().unwrap();
+    assert!(
+        rows.iter()
+            .any(|row| row["pid"] == 0 && row["syscall"] == "exit_group" && row["calls"].as_u64() > Some(0)),
+        "no exit_group row for the processes the map had no room for ({unattributed} calls)"
+    );
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(markdown.contains("counted by syscall alone"), "{markdown}");
+    // The read-out keeps that row too: a replay gives the same report.
+    let (replayed, _) = sysprof::replay(&std::fs::read(dir.path().join("readout.json")).unwrap()).unwrap();
+    assert_eq!(sysprof::output::render_markdown(&replayed), markdown);
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_process_whose_main_thread_ends_first_is_traced_until_its_last_thread_ends() {
     let Some(_guard) =
         root_guard("a_process_whose_main_thread_ends_first_is_traced_until_its_last_thread_ends")

@@ -81,6 +81,9 @@ pub mod names {
     pub const SYSCALL_SLOT: &str = "SYSCALL_SLOT";
     /// Hash: [`crate::SyscallErrorKey`] -> count of failed calls.
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
+    /// Array: syscall number -> [`crate::SyscallStats`] of the calls of every process
+    /// `SYSCALLS` had no room for.
+    pub const SYSCALLS_BY_NR: &str = "SYSCALLS_BY_NR";
     /// Hash: thread id -> [`crate::ThreadSched`].
     pub const THREAD_SCHED: &str = "THREAD_SCHED";
     /// Hash: tgid -> [`crate::LatencyHistogram`] of run-queue latency.
@@ -172,6 +175,9 @@ pub mod capacity {
     pub const PROCESS_EVENTS: u32 = 256 * 1024;
     /// Distinct (process, syscall) pairs.
     pub const SYSCALLS: u32 = 16 * 1024;
+    /// Syscall numbers `SYSCALLS_BY_NR` holds (the highest of x86-64's and arm64's tables is
+    /// under 470); a higher one's calls are lost when `SYSCALLS` is full.
+    pub const SYSCALL_NUMBERS: u32 = 512;
     /// Distinct (process, syscall, errno) triples.
     pub const SYSCALL_ERRORS: u32 = 16 * 1024;
     /// Threads with scheduler statistics.
@@ -329,7 +335,7 @@ pub enum Counter {
     ProcessEventsLost = 4,
     /// New target processes not followed because `TARGETS` was full.
     TargetsFull = 5,
-    /// Syscall statistics dropped because `SYSCALLS` was full.
+    /// Syscalls not counted: `SYSCALLS` was full and their number past `SYSCALLS_BY_NR`'s.
     SyscallsLost = 6,
     /// Scheduler events dropped (a map was full, or task storage was unavailable).
     SchedLost = 7,
@@ -357,6 +363,9 @@ pub enum Counter {
     /// Allocations counted but not tracked as live blocks (`LIVE_ALLOCS` full): in the totals
     /// and their call sites, not in the live bytes nor the in-use profile.
     AllocsUntracked = 17,
+    /// Failed syscalls whose errno was not kept (`SYSCALL_ERRORS` full): in their syscall's
+    /// failures, not in its failures by errno.
+    ErrnosLost = 18,
 }
 
 impl Counter {
@@ -370,7 +379,7 @@ impl Counter {
     }
 
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 18] = [
+    pub const ALL: [Counter; 19] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -389,6 +398,7 @@ impl Counter {
         Counter::TimelineLost,
         Counter::SwitchesUnseen,
         Counter::AllocsUntracked,
+        Counter::ErrnosLost,
     ];
 }
 

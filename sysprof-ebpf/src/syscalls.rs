@@ -50,6 +50,13 @@ static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(c
 #[map]
 static SYSCALL_ERRORS: HashMap<SyscallErrorKey, u64> = HashMap::with_max_entries(capacity::SYSCALL_ERRORS, 0);
 
+/// The calls of the processes `SYSCALLS` had no room for, by syscall number alone: an array,
+/// which cannot fill. A build fills `SYSCALLS` (each compiler process adds a few dozen
+/// (process, syscall) pairs, and ended ones stay), and its later processes' calls were lost;
+/// here they stay exact, with no process to them.
+#[map]
+static SYSCALLS_BY_NR: Array<SyscallStats> = Array::with_max_entries(capacity::SYSCALL_NUMBERS, 0);
+
 /// A zeroed value to insert from: too big for the BPF stack.
 #[map]
 static ZERO_SYSCALL_STATS: Array<SyscallStats> = Array::with_max_entries(1, 0);
@@ -299,7 +306,8 @@ fn add_errors(key: SyscallErrorKey, count: u32) {
     if SYSCALL_ERRORS.insert(key, count, BPF_NOEXIST as u64).is_err() {
         match SYSCALL_ERRORS.get_ptr_mut(key) {
             Some(total) => atomic::add(total, count),
-            None => counters::add(Counter::SyscallsLost, count),
+            // The failures are in their syscall's counts all the same: only their errno goes.
+            None => counters::add(Counter::ErrnosLost, count),
         }
     }
 }
@@ -362,7 +370,8 @@ fn flush_pending(entry: &mut PendingCount) {
     *entry = PendingCount::default();
 }
 
-/// The statistics of `key`, inserted zeroed when new.
+/// The statistics of `key`, inserted zeroed when new; those of its syscall number in
+/// `SYSCALLS_BY_NR` when the map has no room for it.
 #[inline(always)]
 fn stats_for(key: &SyscallKey) -> Option<*mut SyscallStats> {
     if let Some(stats) = SYSCALLS.get_ptr_mut(key) {
@@ -371,5 +380,5 @@ fn stats_for(key: &SyscallKey) -> Option<*mut SyscallStats> {
     let zero = ZERO_SYSCALL_STATS.get(0)?;
     // Another CPU may insert the same key first (BPF_NOEXIST fails): use theirs.
     let _ = SYSCALLS.insert(key, zero, BPF_NOEXIST as u64);
-    SYSCALLS.get_ptr_mut(key)
+    SYSCALLS.get_ptr_mut(key).or_else(|| SYSCALLS_BY_NR.get_ptr_mut(key.nr))
 }

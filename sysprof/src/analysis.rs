@@ -362,6 +362,7 @@ fn lost(counters: &Counters) -> Lost {
         process_events: counters.get(Counter::ProcessEventsLost),
         processes_not_followed: counters.get(Counter::TargetsFull),
         syscalls: counters.get(Counter::SyscallsLost),
+        syscall_errnos: counters.get(Counter::ErrnosLost),
         sched_events: counters.get(Counter::SchedLost),
         offcpu_intervals: counters.get(Counter::OffCpuLost),
         wakes: counters.get(Counter::WakesLost),

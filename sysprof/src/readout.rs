@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use anyhow::Context as _;
 use aya::{
     Pod,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray},
 };
 use serde::{Deserialize, Serialize};
 
@@ -125,6 +125,38 @@ impl<'a> MapReader<'a> {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Hands each entry of the array `name` that `wanted` picks to `each`, with its index. The
+    /// entries kept are saved as a hash map's are (keyed by index), so a replay reads them the
+    /// same way.
+    pub(crate) fn for_each_array_entry<V: Pod>(
+        &mut self,
+        name: &str,
+        wanted: impl Fn(&V) -> bool,
+        mut each: impl FnMut(u32, V),
+    ) -> anyhow::Result<()> {
+        match self {
+            MapReader::Live { probes, kept, .. } => {
+                let array: Array<&MapData, V> = Array::try_from(probes.map(name)?)?;
+                let mut bytes = kept.as_ref().map(|_| Vec::new());
+                for index in 0..array.len() {
+                    let value = array.get(&index, 0).with_context(|| format!("reading map {name}"))?;
+                    if !wanted(&value) {
+                        continue;
+                    }
+                    if let Some(bytes) = &mut bytes {
+                        bytes.push((Bytes::of(&index), Bytes::of(&value)));
+                    }
+                    each(index, value);
+                }
+                if let (Some(kept), Some(bytes)) = (kept, bytes) {
+                    kept.hashes.insert(name.to_string(), bytes);
+                }
+                Ok(())
+            }
+            MapReader::Replay(_) => self.for_each_entry(name, each),
         }
     }
 

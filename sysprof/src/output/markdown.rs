@@ -129,6 +129,7 @@ fn lost(lost: &Lost) -> String {
         (lost.process_events, "process events"),
         (lost.processes_not_followed, "processes not followed"),
         (lost.syscalls, "syscalls"),
+        (lost.syscall_errnos, "errnos of failed syscalls"),
         (lost.sched_events, "scheduler events"),
         (lost.offcpu_intervals, "off-CPU intervals"),
         (lost.wakes, "wakers of waits"),

@@ -102,8 +102,13 @@ pub struct Lost {
     pub process_events: u64,
     /// Child processes not followed because the target set was full.
     pub processes_not_followed: u64,
-    /// Syscalls not counted because the syscall map was full.
+    /// Syscalls not counted: the syscall map was full, and their number past the by-number
+    /// table's.
     pub syscalls: u64,
+    /// Failed syscalls whose errno was not kept (the errno map was full): in the failure
+    /// counts, not in the failures by errno.
+    #[serde(default)]
+    pub syscall_errnos: u64,
     /// Scheduler events not counted (map full or no task storage).
     pub sched_events: u64,
     /// Off-CPU intervals not counted because the off-CPU map was full.
@@ -130,6 +135,7 @@ impl Lost {
             + self.process_events
             + self.processes_not_followed
             + self.syscalls
+            + self.syscall_errnos
             + self.sched_events
             + self.offcpu_intervals
             + self.wakes

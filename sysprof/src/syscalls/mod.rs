@@ -24,9 +24,13 @@ pub struct SyscallReport {
     pub timed: u64,
     pub errors: u64,
     pub total_ns: u64,
-    /// Calls not counted: the syscall map had no room for their process and syscall.
+    /// Calls not counted: the syscall map had no room for their process and syscall, nor the
+    /// by-number table for their number.
     #[serde(default)]
     pub lost: u64,
+    /// Calls counted under no process (`UNATTRIBUTED`): the map had no room for their process.
+    #[serde(default)]
+    pub unattributed: u64,
 }
 
 /// One syscall of one process.
@@ -58,6 +62,14 @@ pub struct ErrnoCount {
     pub errno: String,
     pub count: u64,
 }
+
+/// The process id under which the report puts the calls of the processes the syscall map had
+/// no room for (`names::SYSCALLS_BY_NR`): no process has it (pid 0 is the idle task, which
+/// makes no syscalls).
+pub const UNATTRIBUTED: u32 = 0;
+
+/// How the report names those processes.
+pub const UNATTRIBUTED_NAME: &str = "(processes the syscall map had no room for)";
 
 /// How the report names the kernel's return-probe trampoline call, which it makes for sysprof's
 /// uretprobes: sysprof's cost, never the target's.
@@ -98,16 +110,30 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
     let mut by_errno: HashMap<(u32, u32, u32), u64> =
         dump.errors.iter().map(|(key, count)| ((key.tgid, key.nr, key.errno), *count)).collect();
     for pending in &dump.pending {
-        let stats = stats.entry((pending.tgid, pending.nr)).or_default();
-        stats.calls += u64::from(pending.count);
-        stats.errors += u64::from(pending.errors);
+        // An entry may hold only the errnos of timed calls, which are counted in the maps.
+        if pending.count != 0 {
+            let stats = stats.entry((pending.tgid, pending.nr)).or_default();
+            stats.calls += u64::from(pending.count);
+            stats.errors += u64::from(pending.errors);
+        }
         if pending.errno_count != 0 {
             *by_errno.entry((pending.tgid, pending.nr, pending.errno)).or_default() +=
                 u64::from(pending.errno_count);
         }
     }
+    // A failure's errno is kept under its process even when its calls went to the by-number
+    // table (the errno map had room): it joins those calls there.
+    let mut unattributed_errnos: HashMap<(u32, u32), u64> = HashMap::new();
+    for ((tgid, nr, errno), count) in by_errno.iter_mut() {
+        if !stats.contains_key(&(*tgid, *nr)) && stats.contains_key(&(UNATTRIBUTED, *nr)) {
+            *unattributed_errnos.entry((*nr, *errno)).or_default() += std::mem::take(count);
+        }
+    }
+    for ((nr, errno), count) in unattributed_errnos {
+        *by_errno.entry((UNATTRIBUTED, nr, errno)).or_default() += count;
+    }
     let mut errnos: HashMap<(u32, u32), Vec<ErrnoCount>> = HashMap::new();
-    for ((tgid, nr, errno), count) in by_errno {
+    for ((tgid, nr, errno), count) in by_errno.into_iter().filter(|(_, count)| *count != 0) {
         errnos.entry((tgid, nr)).or_default().push(ErrnoCount { errno: errno_name(errno), count });
     }
     let mut rows: Vec<SyscallRow> = stats
@@ -119,11 +145,15 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
             let latency = stats.latency;
             SyscallRow {
                 pid: key.tgid,
-                process: processes
-                    .get(key.tgid)
-                    .map(|p| p.name.clone())
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| format!("pid {}", key.tgid)),
+                process: if key.tgid == UNATTRIBUTED {
+                    UNATTRIBUTED_NAME.to_string()
+                } else {
+                    processes
+                        .get(key.tgid)
+                        .map(|p| p.name.clone())
+                        .filter(|n| !n.is_empty())
+                        .unwrap_or_else(|| format!("pid {}", key.tgid))
+                },
                 syscall: syscall_name(key.nr),
                 nr: key.nr,
                 calls: stats.calls,
@@ -145,6 +175,7 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
         timed: rows.iter().map(|r| r.timed + r.timed_from_block).sum(),
         errors: rows.iter().map(|r| r.errors).sum(),
         total_ns: rows.iter().map(|r| r.latency.total_ns).sum(),
+        unattributed: rows.iter().filter(|r| r.pid == UNATTRIBUTED).map(|r| r.calls).sum(),
         rows,
         lost: 0,
     }
@@ -170,6 +201,35 @@ mod tests {
         if let Some(probe) = syscalls::Sysno::iter().find(|s| s.name() == "uretprobe") {
             assert_eq!(syscall_name(probe as u32), "uretprobe (sysprof's return probes)");
         }
+    }
+
+    #[test]
+    fn the_calls_the_map_had_no_room_for_make_one_row_per_syscall_with_their_errnos() {
+        use sysprof_common::{PendingCount, SyscallErrorKey};
+        let summary = |calls, errors| SyscallSummary { calls, errors, ..Default::default() };
+        let ioctl = 16;
+        let dump = SyscallDump {
+            stats: vec![
+                (SyscallKey { tgid: 7, nr: 0 }, summary(5, 0)),
+                (SyscallKey { tgid: UNATTRIBUTED, nr: ioctl }, summary(3, 2)),
+            ],
+            // Process 9's failed ioctls: counted in the by-number row, their errno under 9, one
+            // in the errno map, one still in a CPU's cache.
+            errors: vec![(SyscallErrorKey { tgid: 9, nr: ioctl, errno: 25, _pad: 0 }, 1)],
+            pending: vec![PendingCount {
+                tgid: 9,
+                nr: ioctl,
+                errno: 25,
+                errno_count: 1,
+                ..Default::default()
+            }],
+        };
+        let report = analyze(&dump, &ProcessTable::default(), Duration::from_secs(1));
+        assert_eq!(report.rows.len(), 2, "no row for process 9, which has no calls of its own: {report:#?}");
+        let row = report.rows.iter().find(|r| r.pid == UNATTRIBUTED).unwrap();
+        assert_eq!(row.process, UNATTRIBUTED_NAME);
+        assert_eq!(row.errnos, vec![ErrnoCount { errno: errno_name(25), count: 2 }]);
+        assert_eq!((report.calls, report.unattributed), (8, 3));
     }
 
     #[test]

@@ -107,6 +107,14 @@ impl SyscallDump {
         maps.for_each_entry(names::SYSCALLS, |key: SyscallKey, value: SyscallStats| {
             stats.push((key, SyscallSummary::of(&value)));
         })?;
+        // The calls of the processes the map had no room for, under no process.
+        maps.for_each_array_entry(
+            names::SYSCALLS_BY_NR,
+            |value: &SyscallStats| value.calls != 0,
+            |nr, value| {
+                stats.push((SyscallKey { tgid: super::UNATTRIBUTED, nr }, SyscallSummary::of(&value)))
+            },
+        )?;
         Ok(SyscallDump { stats, errors: maps.entries(names::SYSCALL_ERRORS)?, pending })
     }
 }

@@ -38,7 +38,9 @@ const NOT_FAILURES: [&str; 13] = [
 
 pub fn syscall_recommendations(syscalls: &SyscallReport) -> Vec<Recommendation> {
     let mut recommendations = Vec::new();
-    for row in &syscalls.rows {
+    // The calls of processes the map had no room for are many processes' together: their rate
+    // and failures say nothing of any one of them.
+    for row in syscalls.rows.iter().filter(|row| row.pid != super::UNATTRIBUTED) {
         let total_s = row.latency.total_ns as f64 / 1e9;
         if IO_SYSCALLS.contains(&row.syscall.as_str())
             && row.calls_per_s >= FREQUENT_PER_S

@@ -37,7 +37,7 @@ impl Section for SyscallReport {
 
 fn markdown(out: &mut String, syscalls: &SyscallReport) {
     let _ = writeln!(out, "### Syscalls\n");
-    let exact = match syscalls.lost {
+    let mut exact = match syscalls.lost {
         0 => "Counts and errors are exact (exit and exit_group counted as they are entered)".to_string(),
         lost => format!(
             "Counts and errors are exact for what was kept: {} calls were not counted (the syscall map was \
@@ -45,6 +45,16 @@ fn markdown(out: &mut String, syscalls: &SyscallReport) {
             thousands(lost)
         ),
     };
+    if syscalls.unattributed != 0 {
+        let _ = write!(
+            exact,
+            ". The syscall map filled at {} process-syscall pairs: {} calls of the processes it had no room \
+             for are counted by syscall alone, under \"{}\"",
+            thousands(u64::from(sysprof_common::capacity::SYSCALLS)),
+            thousands(syscalls.unattributed),
+            super::UNATTRIBUTED_NAME
+        );
+    }
     let _ = writeln!(
         out,
         "{} calls, {} failed, {:.3} s in all. % of wall is the time in the syscall over the trace's wall \
