@@ -206,6 +206,56 @@ fn the_calls_of_a_command_with_more_process_syscall_pairs_than_the_map_holds_are
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_faults_of_a_command_with_more_processes_than_the_fault_map_holds_are_all_counted() {
+    let Some(_guard) =
+        root_guard("the_faults_of_a_command_with_more_processes_than_the_fault_map_holds_are_all_counted")
+    else {
+        return;
+    };
+    // Each child's faults take an entry of the fault map (8,192) at its exit: the later
+    // children's were lost (166,217 faults in a run of 16,984 children), and so were the
+    // command's own, counted at its exit, last.
+    let children = sysprof_common::capacity::FAULT_COUNTS as usize + 600;
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "memory", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("sysload"))
+        .args(["forks", &children.to_string(), "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let printed = |name: &str| -> u64 {
+        let field = stdout.split_whitespace().find_map(|f| f.strip_prefix(&format!("{name}=")));
+        field.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {stdout}"))
+    };
+    let report = read_report(dir.path());
+    assert_eq!(report["run"]["lost"]["faults"], 0, "{:#}", report["run"]["lost"]);
+    let overview = report["memory"]["overview"].as_array().unwrap();
+    let command = serde_json::json!(format!("sysload ({})", printed("self")));
+    // The children's faults, the kernel's count of them (getrusage) to the fault: all but
+    // the command's own row, which the map kept (its entry is made at the start).
+    let faults = |kind: &str| -> u64 {
+        overview.iter().filter(|row| row["what"] != command).filter_map(|row| row[kind].as_u64()).sum()
+    };
+    assert_eq!(faults("minor_faults"), printed("children_minflt"));
+    assert_eq!(faults("major_faults"), printed("children_majflt"));
+    let unattributed = overview
+        .iter()
+        .find(|row| row["what"] == "(processes the fault map had no room for)")
+        .expect("the map filled");
+    assert!(unattributed["minor_faults"].as_u64() > Some(0), "{unattributed:#}");
+    let own = overview.iter().find(|row| row["what"] == command).expect("the command's row");
+    assert!(
+        own["minor_faults"].as_u64() >= Some(children as u64),
+        "each fork copies a page or more: {own:#}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_process_whose_main_thread_ends_first_is_traced_until_its_last_thread_ends() {
     let Some(_guard) =
         root_guard("a_process_whose_main_thread_ends_first_is_traced_until_its_last_thread_ends")

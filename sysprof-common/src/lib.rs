@@ -114,6 +114,8 @@ pub mod names {
     /// fault programs count every fault here; on the targets' own events (see
     /// [`FAULT_TASK_COUNTERS`]) the exit program adds each exiting thread's own counters.
     pub const FAULT_COUNTS: &str = "FAULT_COUNTS";
+    /// Array: [minor, major] faults of the processes `FAULT_COUNTS` had no room for.
+    pub const FAULTS_BY_KIND: &str = "FAULTS_BY_KIND";
     /// Array, one u32: 1 when the targets' faults are counted by the kernel's per-task
     /// counters (`min_flt`, `maj_flt`, what getrusage and /proc read), the fault events being
     /// the targets' own and sampled; 0 when the fault programs count every fault.
@@ -349,8 +351,9 @@ pub enum Counter {
     FaultsLost = 11,
     /// Allocations not counted (a map was full).
     AllocsLost = 12,
-    /// Page-fault stacks lost, user or kernel (`FAULT_TRACES` full or id collision): the fault
-    /// counts stay exact, the fault profile is computed from the stacks kept.
+    /// Page-fault stacks lost, user or kernel (`FAULT_TRACES` full or id collision), or their
+    /// count (`FAULT_STACKS` full): the fault counts stay exact, the fault profile is computed
+    /// from the stacks kept.
     FaultStacksLost = 13,
     /// Waits whose waker was not kept (`WAKES` full): the who-woke-whom table is of the rest.
     WakesLost = 14,

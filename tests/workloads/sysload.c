@@ -48,8 +48,9 @@
 //                                 (pthread_exit): the process runs on without its leader
 //   sysload forks N MS            N children, one after another, each exiting at once; then
 //                                 one more that burns MS ms of CPU in burn_in_last_child and
-//                                 whose pid is printed ("last_child=PID"): a command that
-//                                 starts more processes than a tracer's target set holds
+//                                 whose pid is printed ("last_child=PID"), with the children's
+//                                 page faults (getrusage): a command that starts more processes
+//                                 than a tracer's target set holds
 //
 // Build: cc -O1 -g -fno-omit-frame-pointer -pthread -o sysload sysload.c
 #define _GNU_SOURCE
@@ -277,7 +278,11 @@ int main(int argc, char **argv) {
         }
         int status;
         waitpid(last, &status, 0);
-        printf("last_child=%d\n", last);
+        // Every child's faults, as the kernel counted them (a peer for a tracer's counts).
+        struct rusage children;
+        getrusage(RUSAGE_CHILDREN, &children);
+        printf("last_child=%d self=%d children_minflt=%ld children_majflt=%ld\n", last, getpid(),
+               children.ru_minflt, children.ru_majflt);
         return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
     }
     if (strcmp(mode, "getppid") == 0) {

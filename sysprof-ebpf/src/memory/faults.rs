@@ -32,6 +32,12 @@ use crate::{
 #[map]
 static FAULT_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(capacity::FAULT_COUNTS, 0);
 
+/// [minor, major] faults of the processes `FAULT_COUNTS` had no room for: an array, which
+/// cannot fill. A build's thousands of processes fill `FAULT_COUNTS` (ended ones stay), and
+/// the later ones' faults were lost; here they stay exact, with no process to them.
+#[map]
+static FAULTS_BY_KIND: Array<u64> = Array::with_max_entries(2, 0);
+
 #[map]
 static FAULT_STACKS: HashMap<FaultKey, u64> = HashMap::with_max_entries(capacity::FAULT_STACKS, 0);
 
@@ -100,8 +106,9 @@ fn fault(ctx: &PerfEventContext, major: u32) {
             stack_id_counted(&FAULT_TRACES, &FAULT_TRACES_OVERFLOW, ctx, 0, Counter::FaultStacksLost)
         },
     };
+    // The fault is counted all the same: only the profile loses its stack.
     if !add_count(&FAULT_STACKS, &key, u64::from(every)) {
-        counters::add(Counter::FaultsLost, 1);
+        counters::add(Counter::FaultStacksLost, 1);
     }
 }
 
@@ -119,7 +126,7 @@ fn count(key: &u64) -> Option<u64> {
         return Some(1);
     }
     // Another CPU inserted it first, or the map is full.
-    let count = FAULT_COUNTS.get_ptr_mut(key)?;
+    let count = FAULT_COUNTS.get_ptr_mut(key).or_else(|| FAULTS_BY_KIND.get_ptr_mut((*key & 1) as u32))?;
     atomic::add(count, 1);
     // SAFETY: as above.
     Some(unsafe { *count })
@@ -160,7 +167,10 @@ pub fn count_exiting_thread(tgid: u32, tid: u32) {
     };
     for (kind, faults) in [(0, minor), (1, major)] {
         if faults != 0 && !add_count(&FAULT_COUNTS, &((u64::from(tgid) << 1) | kind), faults) {
-            counters::add(Counter::FaultsLost, faults);
+            match FAULTS_BY_KIND.get_ptr_mut(kind as u32) {
+                Some(count) => atomic::add(count, faults),
+                None => counters::add(Counter::FaultsLost, faults),
+            }
         }
     }
 }

@@ -15,6 +15,13 @@ pub use self::probes::MemoryDump;
 use syscalls::Sysno;
 use sysprof_common::Config;
 
+/// The process id under which the report puts the faults of the processes the fault map had
+/// no room for (`names::FAULTS_BY_KIND`): no process has it.
+pub const UNATTRIBUTED: u32 = 0;
+
+/// How the report names those processes.
+pub const UNATTRIBUTED_NAME: &str = "(processes the fault map had no room for)";
+
 /// Past a process's first `sysprof_common::FAULT_STACKS_ALL` minor faults, their stacks are
 /// taken for 1 fault in this many, at random, each standing for as many: a stack walk costs
 /// many times a minor fault (a compiler's, walked with its unwind tables: 10 us against 1 us),

@@ -202,6 +202,17 @@ impl Probes {
                 }
             }
         }
+        // The initial targets' entries, made now: their own exits come last, when a command
+        // that started thousands of processes may have filled the map, and their faults would
+        // then be no process's.
+        let mut counts: BpfHashMap<&mut MapData, u64, u64> =
+            BpfHashMap::try_from(self.map_mut(names::FAULT_COUNTS)?)?;
+        for pid in processes.keys() {
+            for kind in 0..2 {
+                // bpf(2)'s BPF_NOEXIST (1): never over a count already there.
+                let _ = counts.insert(&(u64::from(*pid) << 1 | kind), &0, 1);
+            }
+        }
         self.fault_baselines = Some(processes);
         Ok(())
     }
@@ -220,15 +231,23 @@ impl Probes {
         }
         let mut counts: BpfHashMap<&mut MapData, u64, u64> =
             BpfHashMap::try_from(self.map_mut(names::FAULT_COUNTS)?)?;
+        // What the map has no room for joins the faults of the other processes it had none for.
+        let mut unattributed = [0u64; 2];
         for (pid, faults) in settled {
             for (kind, count) in faults.into_iter().enumerate() {
                 let key = u64::from(pid) << 1 | kind as u64;
                 if count == 0 {
                     let _ = counts.remove(&key);
-                } else {
-                    counts.insert(&key, &count, 0).context("counting a target's faults")?;
+                } else if counts.insert(&key, &count, 0).is_err() {
+                    unattributed[kind] += count;
                 }
             }
+        }
+        let mut by_kind: Array<&mut MapData, u64> = Array::try_from(self.map_mut(names::FAULTS_BY_KIND)?)?;
+        for (kind, count) in (0u32..).zip(unattributed).filter(|(_, count)| *count != 0) {
+            // The window is closed: no program adds to it any more.
+            let total = by_kind.get(&kind, 0).context("reading the faults by kind")? + count;
+            by_kind.set(kind, &total, 0).context("counting a target's faults")?;
         }
         Ok(())
     }
@@ -304,11 +323,19 @@ fn attach_to_threads(
 impl MemoryDump {
     /// Reads the memory statistics; the heap's too when `heap`.
     pub(crate) fn read(maps: &mut MapReader<'_>, heap: bool) -> anyhow::Result<Self> {
-        let faults = maps
+        let mut faults: HashMap<(u32, bool), u64> = maps
             .entries::<u64, u64>(names::FAULT_COUNTS)?
             .into_iter()
             .map(|(key, count)| (((key >> 1) as u32, key & 1 == 1), count))
             .collect();
+        // The faults of the processes the map had no room for, under no process.
+        maps.for_each_array_entry(
+            names::FAULTS_BY_KIND,
+            |count: &u64| *count != 0,
+            |kind, count| {
+                faults.insert((super::UNATTRIBUTED, kind == 1), count);
+            },
+        )?;
         let fault_stacks: Vec<(FaultKey, u64)> = maps.entries(names::FAULT_STACKS)?;
         let (alloc_sites, heaps, live) = if heap {
             (

@@ -244,6 +244,20 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
     }
 
     let mut overview: Vec<OverviewRow> = rows.iter().map(|p| process_row(p, &copied_ranges)).collect();
+    let unattributed = (faults(super::UNATTRIBUTED, false), faults(super::UNATTRIBUTED, true));
+    if unattributed != (0, 0) {
+        overview.push(OverviewRow {
+            side: Side::Cpu,
+            what: super::UNATTRIBUTED_NAME.into(),
+            allocated: None,
+            reserved: None,
+            peak: None,
+            on_both_sides: 0,
+            recopied: 0,
+            minor_faults: Some(unattributed.0),
+            major_faults: Some(unattributed.1),
+        });
+    }
     if let Some(gpu) = gpu {
         overview.extend(device_rows(gpu, gpu_metrics, &copied_ranges));
     }

@@ -225,7 +225,7 @@ fn usage(out: &mut String, memory: &MemoryReport) {
 
 fn faults(out: &mut String, memory: &MemoryReport) {
     let _ = writeln!(out, "#### Page faults\n");
-    let rows: Vec<Vec<String>> = memory
+    let mut rows: Vec<Vec<String>> = memory
         .processes
         .iter()
         .filter(|p| p.minor_faults + p.major_faults > 0)
@@ -239,6 +239,15 @@ fn faults(out: &mut String, memory: &MemoryReport) {
             ]
         })
         .collect();
+    // The faults of the processes the fault map had no room for, together.
+    rows.extend(memory.overview.iter().filter(|row| row.what == super::UNATTRIBUTED_NAME).map(|row| {
+        vec![
+            escape(&row.what),
+            thousands(row.minor_faults.unwrap_or(0)),
+            thousands(row.major_faults.unwrap_or(0)),
+            "-".into(),
+        ]
+    }));
     if rows.is_empty() {
         let _ = writeln!(out, "No page faults in the target.\n");
         return;
