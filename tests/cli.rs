@@ -196,6 +196,7 @@ fn memory_section() -> sysprof::memory::report::MemoryReport {
             recopied: 8 << 20,
             call_site: "upload_constant_input (busy)".into(),
         }],
+        address_space_rest: None,
     }
 }
 

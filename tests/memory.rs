@@ -193,6 +193,55 @@ fn mmap_and_munmap_bytes_come_from_the_arguments() {
 
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn the_mappings_of_more_processes_than_the_address_space_map_holds_are_all_counted() {
+    let Some(_guard) =
+        root_guard("the_mappings_of_more_processes_than_the_address_space_map_holds_are_all_counted")
+    else {
+        return;
+    };
+    // Each child maps and unmaps 64 KiB once, and takes an entry of the address-space map
+    // (4,096) for it: the later children's calls were dropped, and nothing said so.
+    const BYTES: u64 = 64 << 10;
+    let children = u64::from(sysprof_common::capacity::ADDRESS_SPACE) + 600;
+    let dir = output_dir();
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "memory", "-o"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(workload("sysload"))
+        .args(["forks", &children.to_string(), "0", &BYTES.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let command: u64 = stdout
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("self="))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no self= in {stdout}"));
+    let report = read_report(dir.path());
+    let memory = &report["memory"];
+    let rest = &memory["address_space_rest"];
+    assert!(rest["mmap_calls"].as_u64() > Some(0), "the map filled: {rest:#}");
+    // The children's calls, in their own rows and in the rest's, to the call and the byte.
+    let children_rows = memory["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"] != command)
+        .map(|p| &p["address_space"])
+        .filter(|space| !space.is_null());
+    let total = |field: &str| -> u64 {
+        children_rows.clone().chain([rest]).map(|space| space[field].as_u64().unwrap()).sum()
+    };
+    assert_eq!((total("mmap_calls"), total("mmap_bytes")), (children, children * BYTES));
+    assert_eq!((total("munmap_calls"), total("munmap_bytes")), (children, children * BYTES));
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(markdown.contains("(processes the address-space map had no room for)"), "{markdown}");
+}
+
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks() {
     let Some(_guard) =
         root_guard("malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks")

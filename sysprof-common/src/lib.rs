@@ -110,6 +110,9 @@ pub mod names {
     pub const CALL_EVENTS: &str = "CALL_EVENTS";
     /// Hash: tgid -> [`crate::AddressSpace`].
     pub const ADDRESS_SPACE: &str = "ADDRESS_SPACE";
+    /// Array of one [`crate::AddressSpace`]: the processes `ADDRESS_SPACE` had no room for,
+    /// together (their brk calls, not their breaks' moves).
+    pub const ADDR_SPACE_REST: &str = "ADDR_SPACE_REST";
     /// Hash: tgid << 1 | major -> page faults (exact). On the system-wide fault events the
     /// fault programs count every fault here; on the targets' own events (see
     /// [`FAULT_TASK_COUNTERS`]) the exit program adds each exiting thread's own counters.

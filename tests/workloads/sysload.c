@@ -46,7 +46,8 @@
 //   sysload leaderexit WAIT_MS MS  sleeps WAIT_MS, starts a thread that burns MS ms of its CPU
 //                                 in burn_after_leader_exit, and ends its main thread alone
 //                                 (pthread_exit): the process runs on without its leader
-//   sysload forks N MS            N children, one after another, each exiting at once; then
+//   sysload forks N MS [BYTES]    N children, one after another, each exiting at once (after
+//                                 mapping and unmapping BYTES, when given); then
 //                                 one more that burns MS ms of CPU in burn_in_last_child and
 //                                 whose pid is printed ("last_child=PID"), with the children's
 //                                 page faults (getrusage): a command that starts more processes
@@ -63,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <termios.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -264,10 +266,17 @@ int main(int argc, char **argv) {
     }
     if (strcmp(mode, "forks") == 0 && argc >= 4) {
         long n = atol(argv[2]), ms = atol(argv[3]);
+        size_t bytes = argc >= 5 ? (size_t)atol(argv[4]) : 0;
         for (long i = 0; i < n; i++) {
             pid_t child = fork();
             if (child < 0) return 1;
-            if (child == 0) _exit(0);
+            if (child == 0) {
+                if (bytes) {
+                    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                    if (map == MAP_FAILED || munmap(map, bytes) != 0) _exit(1);
+                }
+                _exit(0);
+            }
             waitpid(child, NULL, 0);
         }
         pid_t last = fork();

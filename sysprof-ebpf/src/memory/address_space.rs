@@ -5,7 +5,7 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, pt_regs},
     helpers::bpf_probe_read_kernel,
     macros::map,
-    maps::HashMap,
+    maps::{Array, HashMap},
 };
 use sysprof_common::{AddressSpace, InFlight, capacity};
 
@@ -16,6 +16,13 @@ const MAX_ERRNO: i64 = 4095;
 
 #[map]
 static ADDRESS_SPACE: HashMap<u32, AddressSpace> = HashMap::with_max_entries(capacity::ADDRESS_SPACE, 0);
+
+/// The changes of the processes `ADDRESS_SPACE` had no room for, together: an array, which
+/// cannot fill (a build's thousands of processes fill the map, and the later ones' calls were
+/// dropped unsaid). Their breaks are many processes', so only their brk calls are counted here,
+/// not how far each moved.
+#[map]
+static ADDR_SPACE_REST: Array<AddressSpace> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
 pub fn is_address_space_call(nr: u32) -> bool {
@@ -62,7 +69,13 @@ pub fn account_address_space(call: &InFlight, ret: i64) {
     if call.nr != c.nr_brk && (-MAX_ERRNO..0).contains(&ret) {
         return;
     }
-    let Some(space) = address_space(call.tgid) else { return };
+    let (space, own) = match address_space(call.tgid) {
+        Some(space) => (space, true),
+        None => match ADDR_SPACE_REST.get_ptr_mut(0) {
+            Some(rest) => (rest, false),
+            None => return,
+        },
+    };
     // SAFETY: map value pointer valid for this run.
     let space = unsafe { &mut *space };
     if call.nr == c.nr_mmap {
@@ -73,6 +86,9 @@ pub fn account_address_space(call: &InFlight, ret: i64) {
         atomic::add(&raw mut space.munmap_bytes, call.args[1]);
     } else if call.nr == c.nr_brk {
         atomic::add(&raw mut space.brk_calls, 1);
+        if !own {
+            return;
+        }
         let new = ret as u64;
         let old = space.last_brk;
         if old != 0 && new > old {

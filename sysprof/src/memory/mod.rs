@@ -15,12 +15,16 @@ pub use self::probes::MemoryDump;
 use syscalls::Sysno;
 use sysprof_common::Config;
 
-/// The process id under which the report puts the faults of the processes the fault map had
-/// no room for (`names::FAULTS_BY_KIND`): no process has it.
+/// The process id under which the report puts the faults and address-space changes of the
+/// processes their maps had no room for (`names::FAULTS_BY_KIND`, `names::ADDR_SPACE_REST`):
+/// no process has it.
 pub const UNATTRIBUTED: u32 = 0;
 
-/// How the report names those processes.
+/// How the report names those processes' faults.
 pub const UNATTRIBUTED_NAME: &str = "(processes the fault map had no room for)";
+
+/// How the report names those processes' address-space changes.
+pub const UNATTRIBUTED_SPACE_NAME: &str = "(processes the address-space map had no room for)";
 
 /// Past a process's first `sysprof_common::FAULT_STACKS_ALL` minor faults, their stacks are
 /// taken for 1 fault in this many, at random, each standing for as many: a stack walk costs

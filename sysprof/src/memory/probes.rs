@@ -336,6 +336,13 @@ impl MemoryDump {
                 faults.insert((super::UNATTRIBUTED, kind == 1), count);
             },
         )?;
+        let mut address_space: Vec<(u32, AddressSpace)> = maps.entries(names::ADDRESS_SPACE)?;
+        // The changes of the processes the map had no room for, under no process.
+        maps.for_each_array_entry(
+            names::ADDR_SPACE_REST,
+            |a: &AddressSpace| a.mmap_calls + a.munmap_calls + a.brk_calls + a.mremap_calls != 0,
+            |_, a| address_space.push((super::UNATTRIBUTED, a)),
+        )?;
         let fault_stacks: Vec<(FaultKey, u64)> = maps.entries(names::FAULT_STACKS)?;
         let (alloc_sites, heaps, live) = if heap {
             (
@@ -358,7 +365,7 @@ impl MemoryDump {
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
         Ok(MemoryDump {
-            address_space: maps.entries(names::ADDRESS_SPACE)?,
+            address_space,
             faults,
             fault_stacks,
             alloc_sites,

@@ -41,6 +41,10 @@ pub struct MemoryReport {
     pub heap: Option<HeapReport>,
     /// Host ranges copied to a GPU, most traffic first.
     pub copied_ranges: Vec<CopiedRange>,
+    /// The address-space changes of the processes the map had no room for, together (their
+    /// brk calls, not how far their breaks moved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address_space_rest: Option<AddressSpaceChanges>,
 }
 
 /// Where memory lives.
@@ -285,6 +289,11 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
         fault_sites,
         heap,
         copied_ranges,
+        address_space_rest: dump
+            .address_space
+            .iter()
+            .find(|(pid, _)| *pid == super::UNATTRIBUTED)
+            .map(|(_, a)| (*a).into()),
     }
 }
 

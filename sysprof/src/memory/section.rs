@@ -279,7 +279,7 @@ fn faults(out: &mut String, memory: &MemoryReport) {
 }
 
 fn address_space(out: &mut String, memory: &MemoryReport) {
-    let rows: Vec<Vec<String>> = memory
+    let mut rows: Vec<Vec<String>> = memory
         .processes
         .iter()
         .filter_map(|p| Some((p, p.address_space?)))
@@ -304,6 +304,21 @@ fn address_space(out: &mut String, memory: &MemoryReport) {
             ]
         })
         .collect();
+    rows.extend(memory.address_space_rest.map(|a| {
+        vec![
+            escape(super::UNATTRIBUTED_SPACE_NAME),
+            format!("{} ({})", thousands(a.mmap_calls), bytes(a.mmap_bytes)),
+            format!("{} ({})", thousands(a.munmap_calls), bytes(a.munmap_bytes)),
+            // Many processes' breaks: how far each moved is not kept.
+            thousands(a.brk_calls),
+            format!(
+                "{} (+{} / -{})",
+                thousands(a.mremap_calls),
+                bytes(a.mremap_grow_bytes),
+                bytes(a.mremap_shrink_bytes)
+            ),
+        ]
+    }));
     if rows.is_empty() {
         return;
     }
