@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    LockRelease, SchedDump, SchedReport, offcpu_reason, offcpu_samples,
+    LockRelease, ProcessSched, SchedDump, SchedReport, offcpu_reason, offcpu_samples,
     recommend::sched_recommendations,
     wakes::{self, Wake},
 };
@@ -21,6 +21,9 @@ use crate::{
 
 /// Processes whose threads are listed.
 const THREAD_TABLES: usize = 3;
+
+/// Processes in the scheduling table; the rest share one row (report.json has them all).
+const PROCESS_ROWS: usize = 25;
 
 /// The section and its recommendations; the off-CPU profile's files.
 pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
@@ -173,9 +176,10 @@ fn markdown(out: &mut String, sched: &SchedReport) {
          time from runnable to running.\n",
         sched.utilization
     );
-    let rows: Vec<Vec<String>> = sched
+    let mut rows: Vec<Vec<String>> = sched
         .processes
         .iter()
+        .take(PROCESS_ROWS)
         .map(|p| {
             let runq = p
                 .runq_latency
@@ -205,6 +209,7 @@ fn markdown(out: &mut String, sched: &SchedReport) {
             ]
         })
         .collect();
+    rows.extend(rest_row(&sched.processes[sched.processes.len().min(PROCESS_ROWS)..]));
     table(
         out,
         &[
@@ -270,6 +275,42 @@ fn markdown(out: &mut String, sched: &SchedReport) {
 }
 
 /// The wait-for graph: who ended the longest waits of the target's threads.
+/// One row for the processes past the table's: a build's thousands of compiler processes,
+/// each a row of its own, made the report tens of thousands of lines long. Their sums, and
+/// the programs they ran, most processes first.
+fn rest_row(rest: &[ProcessSched]) -> Option<Vec<String>> {
+    if rest.is_empty() {
+        return None;
+    }
+    let mut programs: Vec<(&str, usize)> = Vec::new();
+    for process in rest {
+        match programs.iter_mut().find(|(name, _)| *name == process.name) {
+            Some((_, count)) => *count += 1,
+            None => programs.push((&process.name, 1)),
+        }
+    }
+    programs.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut named: Vec<String> =
+        programs.iter().take(3).map(|(name, count)| format!("{} x{count}", escape(name))).collect();
+    if programs.len() > 3 {
+        named.push(format!("{} more programs", programs.len() - 3));
+    }
+    let sum = |f: fn(&ProcessSched) -> f64| rest.iter().map(f).sum::<f64>();
+    let count = |f: fn(&ProcessSched) -> u64| rest.iter().map(f).sum::<u64>();
+    Some(vec![
+        format!("{} more processes ({})", thousands(rest.len() as u64), named.join(", ")),
+        "-".into(),
+        thousands(rest.iter().map(|p| p.threads as u64).sum()),
+        format!("{:.2} s", sum(|p| p.cpu_time_s)),
+        "-".into(),
+        "-".into(),
+        thousands(count(|p| p.voluntary_switches)),
+        thousands(count(|p| p.involuntary_switches)),
+        "-".into(),
+        format_ns((sum(|p| p.offcpu_s) * 1e9) as u64),
+    ])
+}
+
 fn wait_for(out: &mut String, wakes: &[Wake]) {
     if wakes.is_empty() {
         return;
@@ -329,6 +370,24 @@ mod tests {
             top_threads: vec![],
         };
         SchedReport { processes: vec![process], ..SchedReport::default() }
+    }
+
+    #[test]
+    fn processes_past_the_table_share_one_row_with_their_sums_and_programs() {
+        let busy = one_thread(0.0).processes.remove(0);
+        let process = |pid, name: &str| ProcessSched { pid, name: name.into(), ..busy.clone() };
+        let mut report = one_thread(0.0);
+        report.processes = (0..PROCESS_ROWS as u32).map(|pid| process(pid, "make")).collect();
+        report.processes.extend([process(100, "cc1"), process(101, "as"), process(102, "cc1")]);
+        let mut out = String::new();
+        markdown(&mut out, &report);
+        let rows: Vec<&str> = out.lines().filter(|line| line.starts_with("| ")).skip(1).collect();
+        assert_eq!(rows.len(), PROCESS_ROWS + 1, "{out}");
+        assert!(
+            rows[PROCESS_ROWS]
+                .starts_with("| 3 more processes (cc1 x2, as x1) | - | 3 | 7.50 s | - | - | 0 | 30 |"),
+            "{out}"
+        );
     }
 
     #[test]
