@@ -9,7 +9,7 @@ use crate::{
     collect::{EndReason, UprobeTracers},
     families,
     launch::{self, CommandEnd},
-    output::{self, Artifact, OutputDir, Rendered},
+    output::{self, Artifact, OutputDir, Rendered, ToWrite},
     probes::Probes,
     procs::ProcessTable,
     readout::MapReader,
@@ -308,8 +308,12 @@ fn write_all(
     if let Some((free, block)) = output.room() {
         let on_disk = |bytes: usize| (bytes as u64).div_ceil(block).max(1) * block;
         // The report as it is now, and room for the lines this adds to it.
-        let reports: u64 =
-            output::render(&Artifact::Report(&report))?.iter().map(|f| on_disk(f.bytes.len()) + block).sum();
+        let reports: u64 = output::render(&Artifact::Report(&report))?
+            .iter()
+            .map(|f| f.bytes.len())
+            .chain([output::json::size(&report)? as usize])
+            .map(|bytes| on_disk(bytes) + block)
+            .sum();
         let mut left = free.saturating_sub(reports);
         profiles.retain(|file| {
             let needs = on_disk(file.bytes.len());
@@ -333,16 +337,14 @@ fn write_all(
     report
         .limitations
         .extend(skipped.iter().map(|(name, reason)| format!("{name} could not be written: {reason}")));
-    let mut files = output::render(&Artifact::Report(&report))?;
-    files.extend(profiles);
-    let mut written = output.write(&files);
+    let mut written = write_with_report(output, &report, &profiles)?;
     if !written.failed.is_empty() || !written.notes.is_empty() {
         report.limitations.extend(written.notes.iter().cloned());
         for (name, reason) in &written.failed {
             report.limitations.push(format!("{name} could not be written: {reason}"));
         }
         report.run.outputs.retain(|name| written.written.contains(name));
-        let again = output.write(&output::render(&Artifact::Report(&report))?);
+        let again = write_with_report(output, &report, &[])?;
         for name in again.written {
             if !written.written.contains(&name) {
                 written.written.push(name.clone());
@@ -352,6 +354,23 @@ fn write_all(
     }
     written.failed.extend(skipped);
     Ok((report, written))
+}
+
+/// Writes the report (report.md, then report.json, serialized as it is written) and then
+/// `files`.
+fn write_with_report(
+    output: &mut OutputDir,
+    report: &Report,
+    files: &[Rendered],
+) -> anyhow::Result<output::Written> {
+    let markdown = output::render(&Artifact::Report(report))?;
+    let all: Vec<ToWrite<'_>> = markdown
+        .iter()
+        .map(ToWrite::from)
+        .chain([ToWrite::ReportJson(report)])
+        .chain(files.iter().map(ToWrite::from))
+        .collect();
+    Ok(output.write(&all))
 }
 
 /// How `-- CMD` ended, in words, and the exit code of sysprof's run: the command's own when it

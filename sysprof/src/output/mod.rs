@@ -1,6 +1,7 @@
 //! The write stage: the output directory and one file per format behind the [`Sink`] trait.
 //!
-//! Every file is rendered in memory first, then written into a directory opened once and
+//! Every file but report.json is rendered in memory first (that one is serialized straight into
+//! its file, see `json.rs`), then written into a directory opened once and
 //! checked, relative to its descriptor: to a fresh temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`)
 //! that is then renamed over the final one. A symlink planted in the directory is replaced,
 //! never followed, and a full disk leaves the earlier file whole, never a truncated one.
@@ -9,12 +10,12 @@
 
 mod flamegraph;
 mod folded;
-mod json;
+pub(crate) mod json;
 pub(crate) mod markdown;
 pub(crate) mod pprof;
 
 use std::{
-    io::Write as _,
+    io::{BufWriter, Write},
     os::{
         fd::{AsFd as _, OwnedFd},
         unix::fs::DirBuilderExt as _,
@@ -31,7 +32,6 @@ use nix::{
 pub use self::{
     flamegraph::Flamegraph,
     folded::Folded,
-    json::JsonReport,
     markdown::{MarkdownReport, render as render_markdown},
 };
 use crate::{
@@ -61,6 +61,34 @@ pub struct Rendered {
     pub bytes: Vec<u8>,
 }
 
+/// A file to write: rendered already, or the report serialized as report.json as it is written.
+pub enum ToWrite<'a> {
+    Rendered(&'a Rendered),
+    ReportJson(&'a Report),
+}
+
+impl<'a> From<&'a Rendered> for ToWrite<'a> {
+    fn from(file: &'a Rendered) -> Self {
+        ToWrite::Rendered(file)
+    }
+}
+
+impl ToWrite<'_> {
+    pub fn name(&self) -> &str {
+        match self {
+            ToWrite::Rendered(file) => &file.name,
+            ToWrite::ReportJson(_) => json::FILE,
+        }
+    }
+
+    fn write_into(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        match self {
+            ToWrite::Rendered(file) => out.write_all(&file.bytes),
+            ToWrite::ReportJson(report) => json::write(report, out),
+        }
+    }
+}
+
 /// One output format.
 pub trait Sink {
     /// The file for `artifact`; `None` when this format does not apply to the artifact.
@@ -69,7 +97,7 @@ pub trait Sink {
 
 /// `artifact` rendered by every sink that applies.
 pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
-    let sinks: [&dyn Sink; 5] = [&Folded, &Flamegraph, &pprof::Pprof, &MarkdownReport, &JsonReport];
+    let sinks: [&dyn Sink; 4] = [&Folded, &Flamegraph, &pprof::Pprof, &MarkdownReport];
     let mut files = Vec::new();
     for sink in sinks {
         files.extend(sink.render(artifact)?);
@@ -123,7 +151,7 @@ impl OutputDir {
             let (fd, created) = open_dir(path, user.as_ref())?;
             let meta = fstat(fd.as_fd())?;
             let probe = format!(".sysprof-write-test-{}", std::process::id());
-            write_at(&fd, &probe, b"")?;
+            write_at(&fd, &ToWrite::Rendered(&Rendered { name: probe.clone(), bytes: Vec::new() }))?;
             unlinkat(fd.as_fd(), probe.as_str(), UnlinkatFlags::NoRemoveDir)?;
             Ok::<_, std::io::Error>((meta, created, previous_outputs(&fd)))
         });
@@ -146,7 +174,7 @@ impl OutputDir {
     /// Writes `files` in order (put the report first: it is what a full disk must not cost),
     /// each whole or not at all. The directory is opened again by its path: one removed during
     /// the trace is created again, and the notes say so.
-    pub fn write(&mut self, files: &[Rendered]) -> Written {
+    pub fn write(&mut self, files: &[ToWrite<'_>]) -> Written {
         let mut outcome = Written::default();
         let result = as_user(self.user.as_ref(), || {
             let (fd, created) = open_dir(&self.path, self.user.as_ref())?;
@@ -163,15 +191,15 @@ impl OutputDir {
                 ));
             }
             for file in files {
-                match write_at(&fd, &file.name, &file.bytes) {
-                    Ok(()) => outcome.written.push(file.name.clone()),
-                    Err(error) => outcome.failed.push((file.name.clone(), error.to_string())),
+                match write_at(&fd, file) {
+                    Ok(()) => outcome.written.push(file.name().to_string()),
+                    Err(error) => outcome.failed.push((file.name().to_string(), error.to_string())),
                 }
             }
             Ok::<_, std::io::Error>(())
         });
         if let Err(error) = result.and_then(|r| r) {
-            outcome.failed.extend(files.iter().map(|f| (f.name.clone(), error.to_string())));
+            outcome.failed.extend(files.iter().map(|f| (f.name().to_string(), error.to_string())));
         }
         self.wrote |= !outcome.written.is_empty();
         outcome
@@ -277,15 +305,16 @@ fn denied_as(error: std::io::Error, user: Option<&InvokingUser>) -> std::io::Err
     }
 }
 
-/// Writes `dir/name` whole or not at all: a new temporary file, renamed over `name`.
-fn write_at(dir: &OwnedFd, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `file` into `dir` whole or not at all: a new temporary file, renamed over its name.
+fn write_at(dir: &OwnedFd, file: &ToWrite<'_>) -> std::io::Result<()> {
+    let name = file.name();
     let temporary = format!(".{name}.{}.tmp", std::process::id());
     let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(dir.as_fd(), temporary.as_str(), flags, Mode::from_bits_truncate(0o644))?;
-    let mut file = std::fs::File::from(fd);
+    let mut out = BufWriter::new(std::fs::File::from(fd));
     let result = file
-        .write_all(bytes)
-        .and_then(|()| file.flush())
+        .write_into(&mut out)
+        .and_then(|()| out.flush())
         .and_then(|()| Ok(renameat(dir.as_fd(), temporary.as_str(), dir.as_fd(), name)?));
     if result.is_err() {
         let _ = unlinkat(dir.as_fd(), temporary.as_str(), UnlinkatFlags::NoRemoveDir);
@@ -346,7 +375,8 @@ mod tests {
         std::fs::create_dir(&out).unwrap();
         std::os::unix::fs::symlink(&target, out.join("report.md")).unwrap();
         let mut output = OutputDir::prepare(&out, None).unwrap();
-        let written = output.write(&[Rendered { name: "report.md".into(), bytes: b"new".to_vec() }]);
+        let written =
+            output.write(&[(&Rendered { name: "report.md".into(), bytes: b"new".to_vec() }).into()]);
         assert_eq!(written.written, ["report.md"]);
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
         assert!(!out.join("report.md").is_symlink());
@@ -359,7 +389,7 @@ mod tests {
         let out = dir.path().join("out");
         let mut output = OutputDir::prepare(&out, None).unwrap();
         std::fs::remove_dir(&out).unwrap();
-        let written = output.write(&[Rendered { name: "report.md".into(), bytes: b"x".to_vec() }]);
+        let written = output.write(&[(&Rendered { name: "report.md".into(), bytes: b"x".to_vec() }).into()]);
         assert_eq!(written.written, ["report.md"]);
         assert!(written.notes[0].contains("removed during the trace"), "{:?}", written.notes);
     }
@@ -373,7 +403,8 @@ mod tests {
             std::fs::write(dir.path().join(name), "old").unwrap();
         }
         let mut output = OutputDir::prepare(dir.path(), None).unwrap();
-        let written = output.write(&[Rendered { name: "report.json".into(), bytes: b"{}".to_vec() }]);
+        let written =
+            output.write(&[(&Rendered { name: "report.json".into(), bytes: b"{}".to_vec() }).into()]);
         assert_eq!(output.remove_stale(&written.written), ["alloc.svg"]);
         assert!(dir.path().join("notes.txt").exists(), "a file sysprof did not write is kept");
     }
