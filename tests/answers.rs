@@ -24,22 +24,11 @@ fn trace_program(
     args: &[&str],
     library_path: Option<&std::path::Path>,
 ) -> (tempfile::TempDir, Value, String) {
-    let dir = output_dir();
     let mut command = sysprof();
     if let Some(path) = library_path {
         command.env("LD_LIBRARY_PATH", path);
     }
-    let out = command
-        .args(["trace", "-q", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(program)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let report = read_report(dir.path());
-    (dir, report, String::from_utf8_lossy(&out.stdout).into_owned())
+    trace_command_by(command, &[], program, args)
 }
 
 fn recommendations(report: &Value) -> &Vec<Value> {

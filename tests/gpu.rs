@@ -18,20 +18,9 @@ fn trace_with(
     program: &Path,
     args: &[&str],
 ) -> (tempfile::TempDir, Value, String) {
-    let dir = output_dir();
-    let out = sysprof()
-        .env("LD_LIBRARY_PATH", libs)
-        .args(["trace", "-q", "-o"])
-        .arg(dir.path())
-        .args(options)
-        .arg("--")
-        .arg(program)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let report = read_report(dir.path());
-    (dir, report, String::from_utf8_lossy(&out.stdout).into_owned())
+    let mut sysprof = sysprof();
+    sysprof.env("LD_LIBRARY_PATH", libs);
+    trace_command_by(sysprof, options, program, args)
 }
 
 fn row<'a>(rows: &'a Value, field: &str, value: &str) -> &'a Value {

@@ -136,13 +136,7 @@ fn touching_fresh_pages_is_one_minor_fault_each_in_the_touching_function() {
 
 /// The process's own count of its faults over the touching, as memload printed it.
 fn printed_faults(printed: &str) -> (u64, u64) {
-    let field = |name: &str| {
-        printed
-            .split_whitespace()
-            .find_map(|word| word.strip_prefix(name)?.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in {printed:?}"))
-    };
-    (field("minflt="), field("majflt="))
+    (printed_value(printed, "minflt"), printed_value(printed, "majflt"))
 }
 
 /// Checked against getrusage: the `--pid` target counts its own faults over its page touching;
@@ -203,23 +197,12 @@ fn the_mappings_of_more_processes_than_the_address_space_map_holds_are_all_count
     // (4,096) for it: the later children's calls were dropped, and nothing said so.
     const BYTES: u64 = 64 << 10;
     let children = u64::from(sysprof_common::capacity::ADDRESS_SPACE) + 600;
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "--focus", "memory", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("sysload"))
-        .args(["forks", &children.to_string(), "0", &BYTES.to_string()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let command: u64 = stdout
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("self="))
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no self= in {stdout}"));
-    let report = read_report(dir.path());
+    let (dir, report, stdout) = trace_command(
+        &["--focus", "memory"],
+        &workload("sysload"),
+        &["forks", &children.to_string(), "0", &BYTES.to_string()],
+    );
+    let command = printed_value(&stdout, "self");
     let memory = &report["memory"];
     let rest = &memory["address_space_rest"];
     assert!(rest["mmap_calls"].as_u64() > Some(0), "the map filled: {rest:#}");

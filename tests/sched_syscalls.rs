@@ -9,18 +9,7 @@ use support::*;
 
 /// Traces `sysload ARGS` with `options`; returns the report.
 fn trace_sysload(options: &[&str], args: &[&str]) -> (tempfile::TempDir, Value) {
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "-o"])
-        .arg(dir.path())
-        .args(options)
-        .arg("--")
-        .arg(workload("sysload"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let report = read_report(dir.path());
+    let (dir, report, _) = trace_command(options, &workload("sysload"), args);
     (dir, report)
 }
 
@@ -216,22 +205,9 @@ fn the_faults_of_a_command_with_more_processes_than_the_fault_map_holds_are_all_
     // children's were lost (166,217 faults in a run of 16,984 children), and so were the
     // command's own, counted at its exit, last.
     let children = sysprof_common::capacity::FAULT_COUNTS as usize + 600;
-    let dir = output_dir();
-    let out = sysprof()
-        .args(["trace", "-q", "--focus", "memory", "-o"])
-        .arg(dir.path())
-        .arg("--")
-        .arg(workload("sysload"))
-        .args(["forks", &children.to_string(), "0"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let printed = |name: &str| -> u64 {
-        let field = stdout.split_whitespace().find_map(|f| f.strip_prefix(&format!("{name}=")));
-        field.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {stdout}"))
-    };
-    let report = read_report(dir.path());
+    let (_dir, report, stdout) =
+        trace_command(&["--focus", "memory"], &workload("sysload"), &["forks", &children.to_string(), "0"]);
+    let printed = |name: &str| printed_value(&stdout, name);
     assert_eq!(report["run"]["lost"]["faults"], 0, "{:#}", report["run"]["lost"]);
     let overview = report["memory"]["overview"].as_array().unwrap();
     let command = serde_json::json!(format!("sysload ({})", printed("self")));

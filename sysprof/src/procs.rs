@@ -80,6 +80,11 @@ pub struct ProcessRecord {
     maps_stamp: u64,
 }
 
+/// The process id under which the report counts what a per-process map had no room for (the
+/// syscall, fault and address-space maps' overflow, `names::SYSCALLS_BY_NR` and the like): no
+/// process has it, pid 0 being the idle task, which makes no syscalls and no faults of its own.
+pub const UNATTRIBUTED: u32 = 0;
+
 /// Every process seen during the trace, by pid.
 #[derive(Debug)]
 pub struct ProcessTable {

@@ -262,6 +262,47 @@ pub fn total_weight(folded: &[(Vec<String>, u64)], function: &str) -> u64 {
     folded.iter().filter(|(frames, _)| frames.iter().any(|f| f == function)).map(|(_, n)| n).sum()
 }
 
+/// Traces the command `program ARGS` with `options` to its end; returns the output directory,
+/// the report and what the command printed.
+pub fn trace_command(
+    options: &[&str],
+    program: &Path,
+    args: &[&str],
+) -> (tempfile::TempDir, serde_json::Value, String) {
+    trace_command_by(sysprof(), options, program, args)
+}
+
+/// `trace_command` run by `sysprof`, a command made by [`sysprof`] and given what else the run
+/// needs (an environment).
+pub fn trace_command_by(
+    mut sysprof: Command,
+    options: &[&str],
+    program: &Path,
+    args: &[&str],
+) -> (tempfile::TempDir, serde_json::Value, String) {
+    let dir = output_dir();
+    let out = sysprof
+        .args(["trace", "-q", "-o"])
+        .arg(dir.path())
+        .args(options)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report = read_report(dir.path());
+    (dir, report, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The number a workload printed as `name=N`.
+pub fn printed_value(printed: &str, name: &str) -> u64 {
+    printed
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}= in {printed:?}"))
+}
+
 /// Parses report.json.
 pub fn read_report(dir: &Path) -> serde_json::Value {
     let path = dir.join("report.json");

@@ -15,12 +15,10 @@ pub use self::probes::MemoryDump;
 use syscalls::Sysno;
 use sysprof_common::Config;
 
-/// The process id under which the report puts the faults and address-space changes of the
-/// processes their maps had no room for (`names::FAULTS_BY_KIND`, `names::ADDR_SPACE_REST`):
-/// no process has it.
-pub const UNATTRIBUTED: u32 = 0;
+pub use crate::procs::UNATTRIBUTED;
 
-/// How the report names those processes' faults.
+/// How the report names the processes the fault map had no room for (`names::FAULTS_BY_KIND`),
+/// whose faults are under `UNATTRIBUTED`.
 pub const UNATTRIBUTED_NAME: &str = "(processes the fault map had no room for)";
 
 /// How the report names those processes' address-space changes.

@@ -150,9 +150,10 @@ impl OutputDir {
         let prepared = as_user(user.as_ref(), || {
             let (fd, created) = open_dir(path, user.as_ref())?;
             let meta = fstat(fd.as_fd())?;
-            let probe = format!(".sysprof-write-test-{}", std::process::id());
-            write_at(&fd, &ToWrite::Rendered(&Rendered { name: probe.clone(), bytes: Vec::new() }))?;
-            unlinkat(fd.as_fd(), probe.as_str(), UnlinkatFlags::NoRemoveDir)?;
+            let probe =
+                Rendered { name: format!(".sysprof-write-test-{}", std::process::id()), bytes: Vec::new() };
+            write_at(&fd, &(&probe).into())?;
+            unlinkat(fd.as_fd(), probe.name.as_str(), UnlinkatFlags::NoRemoveDir)?;
             Ok::<_, std::io::Error>((meta, created, previous_outputs(&fd)))
         });
         let (meta, created, previous) =

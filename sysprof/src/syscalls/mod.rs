@@ -63,12 +63,10 @@ pub struct ErrnoCount {
     pub count: u64,
 }
 
-/// The process id under which the report puts the calls of the processes the syscall map had
-/// no room for (`names::SYSCALLS_BY_NR`): no process has it (pid 0 is the idle task, which
-/// makes no syscalls).
-pub const UNATTRIBUTED: u32 = 0;
+pub use crate::procs::UNATTRIBUTED;
 
-/// How the report names those processes.
+/// How the report names the processes the syscall map had no room for (`names::SYSCALLS_BY_NR`),
+/// whose calls are under `UNATTRIBUTED`.
 pub const UNATTRIBUTED_NAME: &str = "(processes the syscall map had no room for)";
 
 /// How the report names the kernel's return-probe trampoline call, which it makes for sysprof's
