@@ -406,9 +406,9 @@ fn the_timeline_shows_each_thread_its_samples_waits_and_slow_calls() {
             .unwrap_or_else(|| panic!("no {what} track for {thread}: {tracks:?}"));
         slices.iter().filter(|s| s["track"] == track["uuid"]).collect()
     };
-    let sleeps: Vec<_> =
-        on_track_of(sysload, "off-CPU").into_iter().filter(|s| s["name"] == "off-CPU: sleep").collect();
-    assert_eq!(sleeps.len(), 3, "{sleeps:?}");
+    let waits = on_track_of(sysload, "off-CPU");
+    let sleeps: Vec<_> = waits.iter().copied().filter(|s| s["name"] == "off-CPU: sleep").collect();
+    assert_eq!(sleeps.len(), 3, "{waits:?}");
     // The first sleep starts within a millisecond of the dynamic loader mapping libc, which
     // may be before sysprof has read that mapping: that one's stack may skip the function.
     let mut named = 0;

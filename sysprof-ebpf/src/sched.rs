@@ -210,8 +210,12 @@ fn account_switch_out(
             // max/min, not clamp: clamp's panic path is one the verifier rejects.
             woken => woken.max(state.switched_out_ns).min(now),
         };
-        let off = came_on.saturating_sub(state.switched_out_ns.max(start));
+        let from = state.switched_out_ns.max(start);
+        let off = came_on.saturating_sub(from);
         add_offcpu(state, state.offcpu_state, off);
+        // On the timeline too, or a wait the tables count is missing from it (one of a
+        // process's three 100 ms sleeps, now and then, on a loaded machine).
+        record_wait(state, from, came_on, 0);
         // And who woke it, as its switch in would have said: a main thread's 1.5 s join, woken
         // by a worker's exit, came back unseen once and was missing from the wakeup relation.
         if state.waker_seen != 0 && off > 0 {
@@ -308,19 +312,7 @@ fn switch_in(next: *mut task_struct, now: u64) {
         if let Some(thread) = thread.as_deref_mut() {
             thread.offcpu_ns += now.saturating_sub(from);
         }
-        if timeline::long_enough(now.saturating_sub(from)) {
-            timeline::record(TimelineEvent {
-                kind: timeline_kind::OFF_CPU,
-                tgid: state.tgid,
-                tid: state.tid,
-                detail: state.offcpu_state,
-                start_ns: from,
-                end_ns: now,
-                mark_ns: if woken < now { woken } else { 0 },
-                user_stack_id: state.offcpu_user_stack,
-                kernel_stack_id: state.offcpu_kernel_stack,
-            });
-        }
+        record_wait(state, from, now, if woken < now { woken } else { 0 });
     }
     if runnable_since != 0 {
         record_runq(state.tgid, now.saturating_sub(runnable_since.max(start)));
@@ -432,6 +424,25 @@ fn thread_sched(state: &TaskState, create: bool) -> Option<&'static mut ThreadSc
     }
     // SAFETY: as above.
     THREAD_SCHED.get_ptr_mut(state.tid).map(|thread| unsafe { &mut *thread })
+}
+
+/// Records the thread's wait off the CPU from `from` to `to` on the timeline, when it is long
+/// enough for it; `woken` is when its wakeup came, where it waited for a CPU after it (else 0).
+#[inline(always)]
+fn record_wait(state: &TaskState, from: u64, to: u64, woken: u64) {
+    if timeline::long_enough(to.saturating_sub(from)) {
+        timeline::record(TimelineEvent {
+            kind: timeline_kind::OFF_CPU,
+            tgid: state.tgid,
+            tid: state.tid,
+            detail: state.offcpu_state,
+            start_ns: from,
+            end_ns: to,
+            mark_ns: woken,
+            user_stack_id: state.offcpu_user_stack,
+            kernel_stack_id: state.offcpu_kernel_stack,
+        });
+    }
 }
 
 /// Adds `off` ns to the thread's off-CPU time at the stacks it left the CPU with, under
