@@ -28,16 +28,6 @@ fn reported_cpu_s(out: &std::process::Output) -> f64 {
         .unwrap_or_else(|| panic!("busy reports its CPU time: {}", text(out)))
 }
 
-/// utime + stime of `pid` so far, in seconds (the kernel's own accounting, as getrusage).
-fn process_cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split_whitespace().collect();
-    // utime and stime are fields 14 and 15; the rest starts at field 3.
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
 /// Checks cpu.folded, cpu.svg and report.json of a run over `busy`, which got `cpu_s` seconds
 /// of CPU while traced (what it really got, measured outside sysprof).
 fn assert_busy_profile(dir: &Path, frequency: f64, cpu_s: f64) {

@@ -258,9 +258,14 @@ fn interrupting_ends_the_trace_and_writes_everything() {
     for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
         let busy = Background::spawn(Command::new(workload("busy")).arg("20"));
         let dir = output_dir();
-        // Signal once the probes are attached, a second later.
+        // Signal once the probes are attached and busy has had a second of CPU since: what it
+        // got, not a wall-clock second, which a loaded machine shares out.
         let mut trace = spawn_tracing(&["trace", "--pid", &busy.pid().to_string()], dir.path());
-        std::thread::sleep(Duration::from_millis(1000));
+        let before = process_cpu_s(busy.pid());
+        let waited = std::time::Instant::now();
+        while process_cpu_s(busy.pid()) - before < 1.0 && waited.elapsed() < Duration::from_secs(15) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         // SAFETY: kill with a valid pid and signal.
         assert_eq!(unsafe { libc::kill(trace.id() as i32, signal) }, 0);
         let status = trace.wait().unwrap();

@@ -247,10 +247,12 @@ impl PyroscopeDouble {
                 if reader.read_exact(&mut body).is_err() {
                     continue;
                 }
+                // Kept before the reply: sysprof may exit as soon as it has the last one, and
+                // the test then reads what was kept.
+                let _ = sender.send((target, body));
                 let _ = reader
                     .get_mut()
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-                let _ = sender.send((target, body));
             }
         });
         PyroscopeDouble { url, requests }

@@ -236,6 +236,16 @@ pub fn spawn_tracing(args: &[&str], output: &Path) -> Child {
     child
 }
 
+/// utime + stime of `pid` so far, in seconds (the kernel's own accounting, as getrusage).
+pub fn process_cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split_whitespace().collect();
+    // utime and stime are fields 14 and 15; the rest starts at field 3.
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 /// A fresh output directory.
 pub fn output_dir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("sysprof-test-").tempdir().unwrap()
@@ -352,8 +362,12 @@ pub const SYSPROF_PROGRAMS: [&str; 22] = [
 
 /// Asserts no sysprof program is loaded (after a run has exited).
 pub fn assert_no_sysprof_programs() {
-    // The kernel frees programs shortly after the last reference goes.
-    for _ in 0..50 {
+    // The kernel frees a program once its last reference goes and an RCU grace period has
+    // passed (a tasks-trace one for uprobe links and sleepable programs), which a loaded VM
+    // stretches: usually within milliseconds, given 10 s. A program sysprof left behind stays
+    // loaded however long the wait.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
         let names = loaded_program_names();
         if !names.iter().any(|n| SYSPROF_PROGRAMS.contains(&n.as_str())) {
             return;
