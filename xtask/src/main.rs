@@ -46,8 +46,8 @@ enum Task {
     },
     /// Measure sysprof's overhead beside perf (and bpftrace) on the same workload, in one run
     Bench(bench::BenchArgs),
-    /// Run a command with empty programs on uprobes and tracepoints (the bench's floor for
-    /// probed calls and the target's syscalls)
+    /// Run a command with empty programs on uprobes, tracepoints and sampling events (the
+    /// bench's floor for probed calls, the target's syscalls and sampling)
     #[command(hide = true)]
     EmptyPrograms {
         /// PATH:SYMBOL whose entry is probed (repeatable)
@@ -59,6 +59,9 @@ enum Task {
         /// A BTF tracepoint (as in `btf_trace_NAME`: sys_enter) to attach to (repeatable)
         #[arg(long = "tracepoint")]
         tracepoints: Vec<String>,
+        /// A CPU-clock event sampling at this frequency on every CPU, as sysprof's
+        #[arg(long = "sample-hz")]
+        sample_hz: Option<u64>,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -84,8 +87,8 @@ fn main() -> anyhow::Result<()> {
             let binary = build_release(&root)?;
             bench::run(&root, &binary, &args)
         }
-        Task::EmptyPrograms { entries, returns, tracepoints, command } => {
-            bench::run_with_empty_programs(&entries, &returns, &tracepoints, &command)
+        Task::EmptyPrograms { entries, returns, tracepoints, sample_hz, command } => {
+            bench::run_with_empty_programs(&entries, &returns, &tracepoints, sample_hz, &command)
         }
     }
 }

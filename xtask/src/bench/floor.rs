@@ -12,6 +12,11 @@
 //! benchmarks run as a tool of their own), the cost no uprobe tool goes under; and for the
 //! target's own syscalls, empty programs on the syscall tracepoints (the syscalls benchmark).
 //!
+//! And for sampling: an empty program on a CPU-clock event on every CPU at the frequency
+//! sysprof samples at, as its CPU family opens them. What that costs a CPU-bound program is
+//! the sample's interrupt (in a VM, the hypervisor's timer), which every sampling profiler
+//! pays and no program there changes (`--sample-hz`).
+//!
 //! The programs are built and loaded here with the bare `bpf(2)` calls, not from an object: two
 //! instructions need no compiler, and the bench needs nothing of sysprof's to measure under it.
 
@@ -135,15 +140,20 @@ fn on_tracepoints<S: AsRef<str>>(tracepoints: &[S]) -> anyhow::Result<Vec<OwnedF
 }
 
 /// Runs `command` (its output and status its own) with empty programs on the entries of
-/// `entries` and the returns of `returns`, each `PATH:SYMBOL`, and on `tracepoints`; they are
-/// detached as it ends.
+/// `entries` and the returns of `returns`, each `PATH:SYMBOL`, on `tracepoints`, and on a
+/// CPU-clock event at `sample_hz` on every CPU; they are detached as it ends.
 pub(crate) fn run_with_empty_programs(
     entries: &[String],
     returns: &[String],
     tracepoints: &[String],
+    sample_hz: Option<u64>,
     command: &[String],
 ) -> anyhow::Result<()> {
     let attached = on_tracepoints(tracepoints)?;
+    let sampling = match sample_hz {
+        Some(hz) => sampling_events(hz)?,
+        None => Vec::new(),
+    };
     let mut points = Vec::new();
     for (spec, is_return) in entries.iter().map(|e| (e, false)).chain(returns.iter().map(|r| (r, true))) {
         let (path, symbol) =
@@ -158,6 +168,7 @@ pub(crate) fn run_with_empty_programs(
     let (program_name, arguments) = command.split_first().context("no command to run")?;
     let status = std::process::Command::new(program_name).args(arguments).status()?;
     drop(events);
+    drop(sampling);
     drop(attached);
     if !status.success() {
         bail!("{program_name} ended with {status}");
@@ -240,7 +251,6 @@ fn uprobe_event(
     is_return: bool,
     program: &OwnedFd,
 ) -> anyhow::Result<OwnedFd> {
-    use std::os::fd::AsRawFd as _;
     let path = std::ffi::CString::new(path)?;
     let attr = PerfEventAttr {
         kind: pmu as u32,
@@ -251,19 +261,28 @@ fn uprobe_event(
         config2: offset,
         ..Default::default()
     };
-    // SAFETY: `attr` is a live `perf_event_attr` of the size it states, its path a live C
-    // string; every process (pid -1) is probed, which the kernel takes with a CPU (0) given.
+    // Every process is probed, which the kernel takes with a CPU (0) given. `path` lives on
+    // until the event is open.
+    event_running(&attr, 0, program)
+}
+
+/// The event `attr` (a uprobe's path or none in it, alive until this returns) for every
+/// process (pid -1) on `cpu`, running `program` at each of its hits.
+fn event_running(attr: &PerfEventAttr, cpu: i32, program: &OwnedFd) -> anyhow::Result<OwnedFd> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `attr` is a live `perf_event_attr` of the size it states, and what it points to
+    // lives as long (the caller's); no group.
     let event = new_fd(unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
+            attr as *const PerfEventAttr,
             -1,
-            0,
+            cpu,
             -1,
             PERF_FLAG_FD_CLOEXEC,
         )
     })?;
-    // SAFETY: ioctls on the event just opened, with the program's fd as their argument.
+    // SAFETY: an ioctl on the event just opened, with the program's fd as its argument.
     if unsafe { libc::ioctl(event.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, program.as_raw_fd()) } != 0 {
         bail!("attaching the program: {}", std::io::Error::last_os_error());
     }
@@ -352,6 +371,40 @@ fn fault_events(pid: u32, config: u64) -> anyhow::Result<OwnedFd> {
     new_fd(unsafe {
         libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, pid as i32, -1, -1, 0)
     })
+}
+
+/// `perf_event_attr.freq`: `sample_period` is a frequency, in Hz.
+const FREQ: u64 = 1 << 10;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const BPF_PROG_TYPE_PERF_EVENT: u32 = 7;
+
+/// An empty program on a CPU-clock event sampling at `hz` on each online CPU, every process's
+/// time on it: sysprof's sampling events (its CPU family), with nothing done at each sample.
+fn sampling_events(hz: u64) -> anyhow::Result<Vec<OwnedFd>> {
+    let program =
+        load_empty(BPF_PROG_TYPE_PERF_EVENT, 0, 0).context("loading an empty perf-event program")?;
+    let online =
+        std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading the online CPUs")?;
+    let mut events = Vec::new();
+    for range in online.trim().split(',') {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        for cpu in first.parse::<i32>()?..=last.parse::<i32>()? {
+            let attr = PerfEventAttr {
+                kind: PERF_TYPE_SOFTWARE,
+                size: size_of::<PerfEventAttr>() as u32,
+                config: PERF_COUNT_SW_CPU_CLOCK,
+                sample_period: hz,
+                flags: FREQ,
+                ..Default::default()
+            };
+            events.push(
+                event_running(&attr, cpu, &program)
+                    .with_context(|| format!("a cpu-clock event on CPU {cpu}"))?,
+            );
+        }
+    }
+    events.push(program);
+    Ok(events)
 }
 
 /// `bpf(cmd, attr)`, for the commands that return a new fd.

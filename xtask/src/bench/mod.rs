@@ -120,6 +120,19 @@ fn empty_programs_config(
     Ok(Config { name: EMPTY_PROGRAMS.into(), argv })
 }
 
+/// The floor under sampling at `hz`: `workload` with an empty program on a CPU-clock event at
+/// `hz` on every CPU, as sysprof samples (`floor.rs`).
+fn sampling_floor_config(hz: &str, workload: &[String]) -> anyhow::Result<Config> {
+    let mut argv = vec![std::env::current_exe()?.display().to_string(), "empty-programs".into()];
+    argv.extend(["--sample-hz".into(), hz.to_string(), "--".into()]);
+    argv.extend(workload.iter().cloned());
+    Ok(Config { name: sampling_floor_name(hz), argv })
+}
+
+fn sampling_floor_name(hz: &str) -> String {
+    format!("{EMPTY_PROGRAMS} {hz} Hz")
+}
+
 /// Rounds of the kernel-timed runs beside a row (`Runner::program_time_row`): the kernel's
 /// statistics are exact sums, so a few runs settle them.
 const PROGRAM_TIME_RUNS: usize = 3;
@@ -324,6 +337,7 @@ impl Runner<'_> {
                 &["--focus", "cpu", "-F", hz],
                 &workload,
             ));
+            configs.push(sampling_floor_config(hz, &workload)?);
             if have_perf {
                 let data = self.out.join(format!("perf-{hz}.data")).display().to_string();
                 let mut perf: Vec<String> =
@@ -360,6 +374,7 @@ impl Runner<'_> {
                     ours,
                     "perf record -g",
                     perf,
+                    Some(&sampling_floor_name(hz)),
                 );
             }
         }
@@ -508,6 +523,7 @@ impl Runner<'_> {
                 &["--focus", "cpu", "-F", hz, "--unwind-memory", "0"],
                 &workload,
             ));
+            configs.push(sampling_floor_config(hz, &workload)?);
             if have_perf {
                 let data = self.out.join(format!("perf-dwarf-{hz}.data")).display().to_string();
                 let mut perf: Vec<String> = [
@@ -545,18 +561,26 @@ impl Runner<'_> {
             let fp = format!("sysprof frame pointers {hz} Hz");
             println!(
                 "{hz} Hz: sysprof (tables) {}x no tracing, {} ns per sample; frame pointers only {}x, {} ns per \
-                 sample; perf --call-graph dwarf {}x",
+                 sample; perf --call-graph dwarf {}x; empty programs on the same sampling events {}x",
                 show(ratio(&ours)),
                 show(cost(&ours)),
                 show(ratio(&fp)),
                 show(cost(&fp)),
                 show(ratio(&format!("perf --call-graph dwarf {hz} Hz"))),
+                show(ratio(&sampling_floor_name(hz))),
             );
             if let (Some(ours), Some(perf)) =
                 (find(&measured, &ours), find(&measured, &format!("perf --call-graph dwarf {hz} Hz")))
             {
                 let row = format!("unwinding without frame pointers at {hz} Hz");
-                self.slowdown_row(&row, &measured, ours, "perf --call-graph dwarf", perf);
+                self.slowdown_row(
+                    &row,
+                    &measured,
+                    ours,
+                    "perf --call-graph dwarf",
+                    perf,
+                    Some(&sampling_floor_name(hz)),
+                );
             }
         }
 
@@ -699,7 +723,14 @@ impl Runner<'_> {
             if let (Some(ours), Some(peer)) =
                 (find(&measured, &ours), find(&measured, &format!("py-spy {hz} Hz")))
             {
-                self.slowdown_row(&format!("Python stacks at {hz} Hz"), &measured, ours, "py-spy", peer);
+                self.slowdown_row(
+                    &format!("Python stacks at {hz} Hz"),
+                    &measured,
+                    ours,
+                    "py-spy",
+                    peer,
+                    None,
+                );
             }
         }
         Ok(())
@@ -723,9 +754,27 @@ impl Runner<'_> {
     /// the peer. The goal: sysprof slows it no more than the peer does, or no more than the
     /// bare runs stray from their median (then neither slowdown can be told from the noise, and
     /// which of two noises is larger says nothing).
-    fn slowdown_row(&self, row: &str, measured: &[Measured], ours: f64, peer_name: &str, peer: f64) {
+    /// A row of `ours` against `peer`, both times of the workload run `measured[0]` times
+    /// bare. With the `floor` config's name (empty programs on the events sysprof samples
+    /// with, `sampling_floor_config`), the row says what the samples' interrupts alone added,
+    /// and a missed goal whether the floor missed it too.
+    fn slowdown_row(
+        &self,
+        row: &str,
+        measured: &[Measured],
+        ours: f64,
+        peer_name: &str,
+        peer: f64,
+        floor: Option<&str>,
+    ) {
         let bare = measured[0].metric;
         let slowest = measured[0].runs.iter().copied().fold(bare, f64::max);
+        let holds = |time: f64| time <= peer || time <= slowest;
+        let floor = floor.and_then(|name| find(measured, name));
+        let noise = format!(
+            "added time <= the peer's, or within the bare runs' noise (+{:.2}%)",
+            (slowest / bare - 1.0) * 100.0
+        );
         self.rows.borrow_mut().push(Row {
             row: row.into(),
             bare: format!("{:.3} s", bare / 1e9),
@@ -734,11 +783,15 @@ impl Runner<'_> {
             // A ratio of added times only means something when the peer added some: on a
             // noisy machine a traced run can beat the bare one.
             ratio: (peer > bare && ours >= bare).then(|| (ours - bare) / (peer - bare)),
-            goal: format!(
-                "added time <= the peer's, or within the bare runs' noise (+{:.2}%)",
-                (slowest / bare - 1.0) * 100.0
-            ),
-            holds: Some(ours <= peer || ours <= slowest).into(),
+            goal: match floor {
+                Some(floor) => format!("{noise} (the floor: {:.4}x)", floor / bare),
+                None => noise,
+            },
+            holds: match floor {
+                _ if holds(ours) => Holds::Yes,
+                Some(floor) if !holds(floor) => Holds::FloorOver,
+                _ => Holds::No,
+            },
         });
     }
 
