@@ -104,18 +104,7 @@ impl<'a> MapReader<'a> {
         match self {
             MapReader::Live { probes, kept, .. } => {
                 let map: BpfHashMap<&MapData, K, V> = BpfHashMap::try_from(probes.map(name)?)?;
-                let mut bytes = kept.as_ref().map(|_| Vec::new());
-                for entry in map.iter() {
-                    let (key, value) = entry.with_context(|| format!("reading map {name}"))?;
-                    if let Some(bytes) = &mut bytes {
-                        bytes.push((Bytes::of(&key), Bytes::of(&value)));
-                    }
-                    each(key, value);
-                }
-                if let (Some(kept), Some(bytes)) = (kept, bytes) {
-                    kept.hashes.insert(name.to_string(), bytes);
-                }
-                Ok(())
+                pass_and_keep(kept, name, map.iter().map(|entry| Ok(entry?)), each)
             }
             MapReader::Replay(contents) => {
                 for (key, value) in contents.hashes.get(name).into_iter().flatten() {
@@ -135,33 +124,20 @@ impl<'a> MapReader<'a> {
         &mut self,
         name: &str,
         wanted: impl Fn(&V) -> bool,
-        mut each: impl FnMut(u32, V),
+        each: impl FnMut(u32, V),
     ) -> anyhow::Result<()> {
         match self {
             MapReader::Live { probes, kept, .. } => {
                 let array: Array<&MapData, V> = Array::try_from(probes.map(name)?)?;
-                let mut bytes = kept.as_ref().map(|_| Vec::new());
-                for index in 0..array.len() {
-                    let value = array.get(&index, 0).with_context(|| format!("reading map {name}"))?;
-                    if !wanted(&value) {
-                        continue;
-                    }
-                    if let Some(bytes) = &mut bytes {
-                        bytes.push((Bytes::of(&index), Bytes::of(&value)));
-                    }
-                    each(index, value);
-                }
-                if let (Some(kept), Some(bytes)) = (kept, bytes) {
-                    kept.hashes.insert(name.to_string(), bytes);
-                }
-                Ok(())
+                let entries = (0..array.len())
+                    .map(|index| Ok((index, array.get(&index, 0)?)))
+                    .filter(|entry| entry.as_ref().map_or(true, |(_, value)| wanted(value)));
+                pass_and_keep(kept, name, entries, each)
             }
             MapReader::Replay(_) => self.for_each_entry(name, each),
         }
     }
 
-    /// The stacks with these ids in the stack map `name`: id -> instruction pointers, innermost
-    /// first.
     /// The stacks of `ids` in stack map `name`, each id marked `stack::OVERFLOW` read from the
     /// map's overflow (keyed by the marked id, as the programs gave it), each marked
     /// `stack::UNWOUND` from the unwinder's map.
@@ -272,6 +248,29 @@ impl Counters {
     pub(crate) fn now(probes: &Probes) -> anyhow::Result<Self> {
         Counters::read(&mut MapReader::live(probes, false))
     }
+}
+
+/// Hands the live map `name`'s `entries` to `each` as they are read, keeping their bytes in
+/// `kept` when the reader keeps what it reads (as a hash map's, so that a replay reads an
+/// array's entries back the same way, keyed by index).
+fn pass_and_keep<K: Pod, V: Pod>(
+    kept: &mut Option<MapContents>,
+    name: &str,
+    entries: impl Iterator<Item = anyhow::Result<(K, V)>>,
+    mut each: impl FnMut(K, V),
+) -> anyhow::Result<()> {
+    let mut bytes = kept.as_ref().map(|_| Vec::new());
+    for entry in entries {
+        let (key, value) = entry.with_context(|| format!("reading map {name}"))?;
+        if let Some(bytes) = &mut bytes {
+            bytes.push((Bytes::of(&key), Bytes::of(&value)));
+        }
+        each(key, value);
+    }
+    if let (Some(kept), Some(bytes)) = (kept, bytes) {
+        kept.hashes.insert(name.to_string(), bytes);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -112,9 +112,10 @@ fn fault(ctx: &PerfEventContext, major: u32) {
     }
 }
 
-/// Adds one fault to the count under `key`; the count with it (`None`: the map is full). The
-/// count is read back after the atomic add: another CPU's fault of the process may come in
-/// between, which only moves the cut-over to sampling by one.
+/// Adds one fault to the count under `key`, or, once the map has no room for it, to its kind's
+/// in `FAULTS_BY_KIND`; the count with it (`None`: neither could be read). The count is read
+/// back after the atomic add: another CPU's fault of the process may come in between, which
+/// only moves the cut-over to sampling by one.
 #[inline(always)]
 fn count(key: &u64) -> Option<u64> {
     if let Some(count) = FAULT_COUNTS.get_ptr_mut(key) {

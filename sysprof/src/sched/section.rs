@@ -274,7 +274,6 @@ fn markdown(out: &mut String, sched: &SchedReport) {
     wait_for(out, &sched.wakes);
 }
 
-/// The wait-for graph: who ended the longest waits of the target's threads.
 /// One row for the processes past the table's: a build's thousands of compiler processes,
 /// each a row of its own, made the report tens of thousands of lines long. Their sums, and
 /// the programs they ran, most processes first.
@@ -282,13 +281,11 @@ fn rest_row(rest: &[ProcessSched]) -> Option<Vec<String>> {
     if rest.is_empty() {
         return None;
     }
-    let mut programs: Vec<(&str, usize)> = Vec::new();
+    let mut by_program: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for process in rest {
-        match programs.iter_mut().find(|(name, _)| *name == process.name) {
-            Some((_, count)) => *count += 1,
-            None => programs.push((&process.name, 1)),
-        }
+        *by_program.entry(&process.name).or_default() += 1;
     }
+    let mut programs: Vec<(&str, usize)> = by_program.into_iter().collect();
     programs.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     let mut named: Vec<String> =
         programs.iter().take(3).map(|(name, count)| format!("{} x{count}", escape(name))).collect();
@@ -311,6 +308,7 @@ fn rest_row(rest: &[ProcessSched]) -> Option<Vec<String>> {
     ])
 }
 
+/// The wait-for graph: who ended the longest waits of the target's threads.
 fn wait_for(out: &mut String, wakes: &[Wake]) {
     if wakes.is_empty() {
         return;
