@@ -13,6 +13,15 @@ const SOURCES: usize = 16;
 /// Bytes of text `xz -9` compresses.
 const TEXT_BYTES: usize = 3 << 20;
 
+/// The fewest rounds these rows run. Their goal compares two samples' extremes and middle
+/// (sysprof's median against the slowest bare run), and with few rounds that misses a tool
+/// that costs nothing 1 time in 12: were both samples drawn alike, sysprof's median passes
+/// every bare run when the top ceil(n/2) of the 2n runs are all sysprof's, C(n + n/2, n/2) /
+/// C(2n, n) of the time (n odd): 21/252 = 8.3% at 5 rounds, 715/48620 = 1.5% at 9. Two rows
+/// at 5 rounds flipped between runs of the whole bench on a noisy VM (xz -9: 0.9947x and
+/// 1.0093x held, 1.0122x missed; 15 paired rounds put it at 0.992x bare).
+const MIN_ROUNDS: usize = 9;
+
 impl Runner<'_> {
     pub(super) fn realistic(&self) -> anyhow::Result<()> {
         let dir = self.out.join("realistic");
@@ -42,6 +51,7 @@ impl Runner<'_> {
         } else {
             eprintln!("bench: make is not installed (apt-get install make): no make workload");
         }
+        let rounds = self.runs.max(MIN_ROUNDS);
         for (name, setup, command) in workloads {
             // The workload times itself, so the tool's start and end are not counted.
             let timed =
@@ -53,10 +63,9 @@ impl Runner<'_> {
                 self.sysprof_config(&traced, &[], &workload),
             ];
             println!(
-                "\nrealistic: {name}, bare and under sysprof (default families), {} rounds, medians",
-                self.runs
+                "\nrealistic: {name}, bare and under sysprof (default families), {rounds} rounds, medians"
             );
-            let measured = measure(&configs, self.runs, "elapsed_ns")?;
+            let measured = measure(&configs, rounds, "elapsed_ns")?;
             print_table(&measured, "workload", |m| format!("{:.3} s", m / 1e9));
             let bare = measured[0].metric;
             let Some(ours) = find(&measured, &traced) else { continue };
