@@ -194,9 +194,9 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
             counters::add(Counter::SwitchesUnseen, 1);
         }
     }
-    // The idle task's note stays 0, unknown: the kernel does not trace every switch from it
-    // (`sched.rs::account_switch_out`), and the task that then runs unseen must reach the
-    // helper, not the verdict on the idle task.
+    // The idle task's note stays 0, unknown: a task that gets the CPU from it in a switch the
+    // kernel does not show (`sched.rs::account_switch_out`) must reach the helper, not the
+    // verdict on the idle task.
     *slot = note(next_id, next_may_be_target);
     Switch { prev_id, prev_may_be_target, next_may_be_target }
 }
