@@ -753,11 +753,10 @@ impl Runner<'_> {
     /// A summary row of what the workload took: bare (`measured[0]`), under sysprof and under
     /// the peer. The goal: sysprof slows it no more than the peer does, or no more than the
     /// bare runs stray from their median (then neither slowdown can be told from the noise, and
-    /// which of two noises is larger says nothing).
-    /// A row of `ours` against `peer`, both times of the workload run `measured[0]` times
-    /// bare. With the `floor` config's name (empty programs on the events sysprof samples
-    /// with, `sampling_floor_config`), the row says what the samples' interrupts alone added,
-    /// and a missed goal whether the floor missed it too.
+    /// which of two noises is larger says nothing). With `floor`, the name of the config of
+    /// empty programs on the events sysprof samples with (`sampling_floor_config`), the goal
+    /// also shows what the samples' interrupts alone cost, and a missed goal says whether the
+    /// floor missed it too.
     fn slowdown_row(
         &self,
         row: &str,
