@@ -12,7 +12,7 @@ use crate::{
     family::{Analysis, Family, StackFile},
     gpu::state::GpuState,
     output::{
-        self, Artifact, Rendered,
+        self, Rendered,
         pprof::{self, ProfileFacts},
     },
     probes::DetachReport,
@@ -172,12 +172,7 @@ pub(crate) fn analyze(
     let facts = profile_facts(recording, &profiles, processes, symbolizer.reads_files());
     // Each profile dropped once its files are rendered: they are what is written.
     for StackFile { name, title, profile } in profiles {
-        files.extend(output::render(&Artifact::Stacks {
-            name,
-            title: &title,
-            profile: &profile,
-            facts: &facts,
-        })?);
+        files.extend(output::render_profile(name, &title, &profile, &facts)?);
     }
     if let (Some(timeline), Some(stacks)) = (&recording.timeline, &shared.timeline_stacks) {
         let (file, notes) = timeline::write(

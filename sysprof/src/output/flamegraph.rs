@@ -3,25 +3,24 @@
 use anyhow::Context as _;
 use inferno::flamegraph::{self, Options};
 
-use super::{Artifact, Rendered, Sink, folded::folded_lines};
+use super::{Artifact, Rendered, Sink};
 
 pub struct Flamegraph;
 
 impl Sink for Flamegraph {
     fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
-        let Artifact::Stacks { name, title, profile, .. } = artifact else {
+        let Artifact::Stacks { name, title, profile, folded, .. } = artifact else {
             return Ok(None);
         };
-        let lines = folded_lines(profile);
         let mut options = Options::default();
         options.title = title.to_string();
         options.count_name = profile.unit.clone();
         let mut svg = Vec::new();
-        if lines.is_empty() {
+        if folded.is_empty() {
             // inferno refuses empty input; an empty profile still gets a file that says so.
             svg = empty_svg(title).into_bytes();
         } else {
-            flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut svg)
+            flamegraph::from_lines(&mut options, folded.lines(), &mut svg)
                 .with_context(|| format!("drawing the {name} flamegraph"))?;
         }
         Ok(Some(Rendered { name: format!("{name}.svg"), bytes: svg }))

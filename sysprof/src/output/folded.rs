@@ -8,38 +8,45 @@ pub struct Folded;
 
 impl Sink for Folded {
     fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
-        let Artifact::Stacks { name, profile, .. } = artifact else {
+        let Artifact::Stacks { name, folded, .. } = artifact else {
             return Ok(None);
         };
-        Ok(Some(Rendered {
-            name: format!("{name}.folded"),
-            bytes: folded_lines(profile).join("\n").into_bytes(),
-        }))
+        Ok(Some(Rendered { name: format!("{name}.folded"), bytes: folded.as_bytes().to_vec() }))
     }
 }
 
-/// The folded lines of a profile, heaviest first.
-pub fn folded_lines(profile: &StackProfile) -> Vec<String> {
-    profile
-        .stacks
-        .iter()
-        .filter(|stack| stack.weight > 0)
-        .map(|stack| {
-            let mut line = frame_text(&stack.process);
-            for frame in &stack.frames {
-                line.push(';');
-                line.push_str(&frame_text(&frame.function));
-            }
-            line.push(' ');
-            line.push_str(&stack.weight.to_string());
-            line
-        })
-        .collect()
+/// The folded lines of a profile, heaviest first, as one text: built once per profile, for
+/// this file and the flamegraph both (`output::render_profile`), straight into one buffer
+/// (a busy machine's page-fault profile is megabytes of it).
+pub fn folded_text(profile: &StackProfile) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for stack in profile.stacks.iter().filter(|stack| stack.weight > 0) {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        push_frame(&mut text, &stack.process);
+        for frame in &stack.frames {
+            text.push(';');
+            push_frame(&mut text, &frame.function);
+        }
+        // Writing into a String cannot fail.
+        let _ = write!(text, " {}", stack.weight);
+    }
+    text
 }
 
 /// `;` separates frames and the last space separates the count: neither may appear inside one.
-fn frame_text(name: &str) -> String {
-    name.replace(';', ":").replace(['\n', '\r'], " ")
+fn push_frame(text: &mut String, name: &str) {
+    if !name.contains([';', '\n', '\r']) {
+        text.push_str(name);
+        return;
+    }
+    text.extend(name.chars().map(|c| match c {
+        ';' => ':',
+        '\n' | '\r' => ' ',
+        c => c,
+    }));
 }
 
 #[cfg(test)]
@@ -70,6 +77,6 @@ mod tests {
                 WeightedStack { pid: 7, process: "busy".into(), frames: vec![], weight: 0, threads: vec![] },
             ],
         };
-        assert_eq!(folded_lines(&profile), ["busy;main;burn 75", "busy;a:b<c> 3"]);
+        assert_eq!(folded_text(&profile), "busy;main;burn 75\nbusy;a:b<c> 3");
     }
 }

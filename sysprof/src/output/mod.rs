@@ -48,6 +48,9 @@ pub enum Artifact<'a> {
         name: &'a str,
         title: &'a str,
         profile: &'a StackProfile,
+        /// The profile's folded lines (`folded::folded_text`), for the folded file and the
+        /// flamegraph both.
+        folded: &'a str,
         /// What the pprof file needs beside the stacks.
         facts: &'a pprof::ProfileFacts,
     },
@@ -100,9 +103,25 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
     let sinks: [&dyn Sink; 4] = [&Folded, &Flamegraph, &pprof::Pprof, &MarkdownReport];
     let mut files = Vec::new();
     for sink in sinks {
-        files.extend(sink.render(artifact)?);
+        files.extend(sink.render(artifact)?.map(|mut file| {
+            // Held until every file is rendered (see `results::write_all`): without the
+            // room a growing buffer keeps, up to half of it.
+            file.bytes.shrink_to_fit();
+            file
+        }));
     }
     Ok(files)
+}
+
+/// The files of stack profile `name` ("cpu" -> cpu.folded, cpu.svg, cpu.pb.gz).
+pub fn render_profile(
+    name: &str,
+    title: &str,
+    profile: &StackProfile,
+    facts: &pprof::ProfileFacts,
+) -> anyhow::Result<Vec<Rendered>> {
+    let folded = folded::folded_text(profile);
+    render(&Artifact::Stacks { name, title, profile, folded: &folded, facts })
 }
 
 /// Whether `name` is a file sysprof writes: only those are ever removed as stale.

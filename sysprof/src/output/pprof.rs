@@ -91,7 +91,7 @@ pub struct Pprof;
 
 impl Sink for Pprof {
     fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
-        let Artifact::Stacks { name, title, profile, facts } = artifact else {
+        let Artifact::Stacks { name, title, profile, facts, .. } = artifact else {
             return Ok(None);
         };
         let message = encode(name, title, profile, facts);
