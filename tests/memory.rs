@@ -166,6 +166,17 @@ fn fault_counts_agree_with_getrusage_whether_the_target_exits_or_not() {
         assert_eq!(row["major_faults"].as_u64().unwrap(), major, "{row:#}");
         let ended_by = report["run"]["ended_by"].as_str().unwrap();
         assert_eq!(ended_by.starts_with("duration"), hold_ms != "0", "{ended_by}");
+        // The kernel's counters counted: the events are every CPU's and run the program for 1
+        // minor fault in 256, for a stack; none is memload's own, whose context switches
+        // would each cost more for it (`attach_page_faults`).
+        let probes = report["instrumentation"]["probes"].as_array().unwrap();
+        let minor = probes.iter().find(|p| p["program"] == "fault_minor").unwrap();
+        let attached_to = minor["attached_to"].as_str().unwrap();
+        assert!(
+            attached_to.starts_with("software event page-faults-minor, 1 fault in 256, on CPUs"),
+            "{minor:#}"
+        );
+        assert_eq!(minor["links"], report["run"]["cpus"], "{minor:#}");
     }
 }
 

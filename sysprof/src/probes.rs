@@ -216,12 +216,10 @@ pub struct Probes {
     closing: Vec<std::thread::JoinHandle<()>>,
     /// Every file uprobes were attached to, as it was then: Part B checks it did not change.
     probed_files: BTreeMap<PathBuf, FileStamp>,
-    /// The target processes when the target is exactly them and what they start (`--pid`, a
-    /// command): per-task perf events, inherited by their children, can then stand for
-    /// system-wide ones, and cost no other process anything (see `attach_page_faults`).
-    pub(crate) lineage: Option<Vec<u32>>,
-    /// Whether the page-fault events are the targets' own (see `attach_page_faults`).
-    pub(crate) fault_events_per_task: bool,
+    /// Whether the target is exactly a set of processes and what they start (`--pid`, a
+    /// command): the kernel's per-task fault counters then count its faults, from the start
+    /// of each thread or of the trace (see `attach_page_faults`).
+    pub(crate) lineage: bool,
     /// Whether the programs know where a thread's fault counters are (kernel BTF had them).
     pub(crate) fault_counters_known: bool,
     /// Each target process's faults [minor, major] when the trace started, when the kernel's
@@ -334,8 +332,7 @@ impl Probes {
             uprobe_links: Vec::new(),
             closing: Vec::new(),
             probed_files: BTreeMap::new(),
-            lineage: None,
-            fault_events_per_task: false,
+            lineage: false,
             fault_counters_known: config.task_min_flt_offset != 0,
             fault_baselines: None,
             target_bits: None,

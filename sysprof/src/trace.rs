@@ -290,11 +290,7 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     if let Some(url) = &config.push {
         props.push = Some(push_props(url, &config.target, gated.as_ref(), &resolved, &processes));
     }
-    probes.lineage = match (&config.target, &gated) {
-        (Target::Pids(_), _) => Some(resolved.pids.clone()),
-        (_, Some(gated)) => Some(vec![gated.pid()]),
-        _ => None,
-    };
+    probes.lineage = matches!(config.target, Target::Pids(_)) || gated.is_some();
     let families = families::enabled(&props);
     let programs: Vec<Preload> =
         families.iter().flat_map(|family| family.programs()).chain(&PROCESS_TRACKING).copied().collect();
@@ -307,7 +303,6 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     let events = probes.take_process_events()?;
     for pid in target::late_joiners(&resolved) {
         probes.add_target_process(pid)?;
-        probes.follow_late_joiner(pid)?;
         resolved.pids.push(pid);
         processes.observe_existing(pid);
     }

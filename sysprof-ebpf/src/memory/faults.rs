@@ -1,16 +1,18 @@
 //! Page faults, minor and major: every fault counted per process, exactly; stacks for every
 //! major fault and for a sample of minor ones, weighted to stand for all.
 //!
-//! Two ways to count, chosen by userspace at attach (`FAULT_TASK_COUNTERS`):
-//! - on the targets' own events (`--pid`, a command: one per thread, inherited), the kernel
-//!   already counts each thread's faults (`min_flt`, `maj_flt`: what getrusage reads), so no
-//!   program runs per fault to count them. The exit program adds an exiting thread's counters
-//!   here, userspace reads live processes' from /proc at the end, and the minor event runs this
-//!   program for 1 fault in `fault_stack_every` (its sample period), for the stack only. A
-//!   compiler's build faults some 70,000 times: at 600 ns a fault, the largest BPF cost of it;
-//! - on the system-wide events (`--all`, `--comm`, a cgroup: most of the machine's faults are
-//!   not the target's), the program runs on every fault, counts the target's, and takes the
-//!   stacks of each process's first minor faults, then of 1 in `fault_stack_every` at random.
+//! The events are every CPU's. Two ways to count, chosen by userspace at attach
+//! (`FAULT_TASK_COUNTERS`):
+//! - when the target is a set of processes and what they start (`--pid`, a command), the
+//!   kernel already counts each thread's faults (`min_flt`, `maj_flt`: what getrusage reads),
+//!   so no program runs per fault to count them. The exit program adds an exiting thread's
+//!   counters here, userspace reads live processes' from /proc at the end, and the minor
+//!   events run this program for 1 fault in `fault_stack_every` of the CPU's (their sample
+//!   period), for the stack only, when the fault is a target's. A compiler's build faults some
+//!   70,000 times: at 600 ns a fault, the largest BPF cost of it;
+//! - otherwise (`--all`, `--comm`, a cgroup: the set is not known from the start), the program
+//!   runs on every fault, counts the target's, and takes the stacks of each process's first
+//!   minor faults, then of 1 in `fault_stack_every` at random.
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK},

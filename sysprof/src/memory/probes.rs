@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData},
     programs::{
-        PerfEvent, ProgramError,
+        PerfEvent,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
@@ -108,58 +108,45 @@ const FAULT_EVENTS: [(&str, SoftwareEvent, &str); 2] = [
     ("fault_major", SoftwareEvent::PageFaultsMaj, "page-faults-major"),
 ];
 
-/// Above this many target threads, faults are counted with system-wide events: two descriptors
-/// a thread would run into the usual limit of open files (1024).
-const MAX_TASK_EVENT_THREADS: usize = 256;
-
 impl Probes {
-    /// Attaches the page-fault programs: the kernel's minor and major fault software events.
-    /// When the target is a set of processes and what they start (`--pid`, a command), the
-    /// events are the targets' own (one per thread, inherited by every thread and process it
-    /// starts): no other process's fault runs a program at all, the kernel's per-task counters
-    /// count the targets' faults (see `start_fault_counts`), and the minor event runs its
-    /// program for 1 fault in `FAULT_STACK_EVERY`, for a stack. Otherwise (`--all`, `--comm`, a
-    /// cgroup) they are on every online CPU, every fault, and the programs count the target's.
+    /// Attaches the page-fault programs to the kernel's minor and major fault software events,
+    /// on every online CPU. When the target is a set of processes and what they start (`--pid`,
+    /// a command), the kernel's per-task counters count the targets' faults (see
+    /// `start_fault_counts`), and the minor events run their program for 1 fault in
+    /// `FAULT_STACK_EVERY` of the CPU's, whoever takes it, for a stack when it is a target's:
+    /// any other process's fault costs the event's count, and 1 in 256 a program that returns
+    /// at once. Otherwise (`--all`, `--comm`, a cgroup) the programs run on every fault and
+    /// count the target's.
+    ///
+    /// Events of the targets' own threads (one per thread, inherited, as these were) would
+    /// spare the other processes even that, but a process with perf events of its own costs
+    /// the kernel more at each of its context switches, whoever opened them (`perf stat -e
+    /// page-faults` added 10 us): a pipe round trip between two of its threads on two CPUs
+    /// took 3.5 and 5.9 us more with them than with these (`sysload pingpong 100000` under
+    /// `--focus memory`, two sets of 10 paired runs, 25-39 us a round trip), for a saving of
+    /// some 25 ns on each other process's fault.
     pub fn attach_page_faults(&mut self) -> anyhow::Result<()> {
-        let threads = self.lineage.as_deref().map(threads_of).filter(|t| t.len() <= MAX_TASK_EVENT_THREADS);
-        let by_task = threads.is_some() && self.fault_counters_known;
+        let by_task = self.lineage && self.fault_counters_known;
         let cpus = online_cpus()?;
         for (name, event, what) in FAULT_EVENTS {
             let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
             if program.fd().is_err() {
                 program.load().map_err(|e| rejected(name, e))?;
             }
-            let (links, attached_to) = match &threads {
-                Some(threads) => {
-                    let period = task_event_period(event, by_task);
-                    let links = attach_to_threads(program, event, period, threads)
-                        .map_err(|e| fault_event_error(what, e))?;
-                    let which =
-                        if period == 1 { "every fault".to_string() } else { format!("1 fault in {period}") };
-                    (
-                        links,
-                        format!(
-                            "software event {what}, {which} of the targets' threads and of what they start"
-                        ),
+            let period = event_period(event, by_task);
+            for &cpu in &cpus {
+                program
+                    .attach(
+                        PerfEventConfig::Software(event),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Period(period),
+                        false,
                     )
-                }
-                None => {
-                    for &cpu in &cpus {
-                        program
-                            .attach(
-                                PerfEventConfig::Software(event),
-                                PerfEventScope::AllProcessesOneCpu { cpu },
-                                SamplePolicy::Period(1),
-                                false,
-                            )
-                            .map_err(|e| fault_event_error(what, e))?;
-                    }
-                    (
-                        cpus.len() as u32,
-                        format!("software event {what}, every fault, on CPUs {}", cpu_ranges(&cpus)),
-                    )
-                }
-            };
+                    .map_err(|e| fault_event_error(what, e))?;
+            }
+            let which = if period == 1 { "every fault".to_string() } else { format!("1 fault in {period}") };
+            let attached_to = format!("software event {what}, {which}, on CPUs {}", cpu_ranges(&cpus));
+            let links = cpus.len() as u32;
             let program_id = program.info()?.id();
             self.attached.push(AttachedProbe {
                 program: name.into(),
@@ -169,7 +156,6 @@ impl Probes {
                 program_id,
             });
         }
-        self.fault_events_per_task = threads.is_some();
         if by_task {
             let mut on: Array<&mut MapData, u32> =
                 Array::try_from(self.map_mut(names::FAULT_TASK_COUNTERS)?)?;
@@ -251,73 +237,16 @@ impl Probes {
         }
         Ok(())
     }
-
-    /// A process that joined the target after the families attached (a child forked before
-    /// the fork program was there): its threads get the fault events the targets have, when
-    /// those are per task.
-    pub fn follow_late_joiner(&mut self, pid: u32) -> anyhow::Result<()> {
-        if !self.fault_events_per_task {
-            return Ok(());
-        }
-        let threads = threads_of(&[pid]);
-        let by_task = self.fault_baselines.is_some();
-        for (name, event, what) in FAULT_EVENTS {
-            let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?.try_into()?;
-            let links = attach_to_threads(program, event, task_event_period(event, by_task), &threads)
-                .map_err(|e| fault_event_error(what, e))?;
-            if let Some(probe) = self.attached.iter_mut().rev().find(|probe| probe.program == name) {
-                probe.links += links;
-            }
-        }
-        Ok(())
-    }
 }
 
-/// How many of a target's own fault events run the program once: when the kernel's per-task
-/// counters count (`by_task`), 1 minor fault in `FAULT_STACK_EVERY`, for its stack, and every
-/// major one (each read the disk); otherwise every fault, which the program counts.
-fn task_event_period(event: SoftwareEvent, by_task: bool) -> u64 {
+/// How many of a CPU's faults run the program once: when the kernel's per-task counters count
+/// (`by_task`), 1 minor fault in `FAULT_STACK_EVERY`, for its stack, and every major one (each
+/// read the disk); otherwise every fault, which the program counts.
+fn event_period(event: SoftwareEvent, by_task: bool) -> u64 {
     match event {
         SoftwareEvent::PageFaultsMin if by_task => u64::from(super::FAULT_STACK_EVERY),
         _ => 1,
     }
-}
-
-/// Every thread of `pids` now.
-fn threads_of(pids: &[u32]) -> Vec<u32> {
-    let mut threads: Vec<u32> = Vec::new();
-    for &pid in pids {
-        if let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            threads.extend(entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()));
-        }
-    }
-    threads.sort_unstable();
-    threads.dedup();
-    threads
-}
-
-/// Attaches `program` to `event` of each thread, inherited by the threads and processes it
-/// starts from then on; a thread that exited meanwhile is skipped. Returns how many were
-/// attached. Threads are listed once: one that a thread not attached yet starts during these
-/// few milliseconds has no event (listing again could not tell it from one started by a thread
-/// already attached, which inherited its event and would then count every fault twice).
-fn attach_to_threads(
-    program: &mut PerfEvent,
-    event: SoftwareEvent,
-    period: u64,
-    threads: &[u32],
-) -> Result<u32, ProgramError> {
-    let mut attached = 0;
-    for &tid in threads {
-        let scope = PerfEventScope::OneProcess { pid: tid, cpu: None };
-        match program.attach(PerfEventConfig::Software(event), scope, SamplePolicy::Period(period), true) {
-            Ok(_) => attached += 1,
-            // The thread exited between the listing and the attach.
-            Err(ProgramError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(attached)
 }
 
 impl MemoryDump {

@@ -1,9 +1,9 @@
 //! The floor under what tracing costs other processes: empty BPF programs (`return 0`, two
 //! instructions) attached where sysprof's run for every process on the machine, as BTF
-//! tracepoints like sysprof's, and the target's page-fault events, counting only. Whatever a
-//! program there does, other processes' events cost at least this much: the slow path a
-//! syscall takes once the syscall tracepoints are on, the kernel's call of each program, and
-//! the software-event check every page fault makes once any such event exists. sysprof's
+//! tracepoints like sysprof's, and on every CPU's page-fault events at sysprof's periods.
+//! Whatever a program there does, other processes' events cost at least this much: the slow
+//! path a syscall takes once the syscall tracepoints are on, the kernel's call of each program,
+//! and each fault's count in the CPU's event (and a program's call for 1 in 256). sysprof's
 //! figure minus this one is what its own code adds, and this one over bpftrace's is the lowest
 //! ratio any program on these tracepoints could reach.
 //!
@@ -105,13 +105,11 @@ const EMPTY: [u64; 2] = [0xb7, 0x95];
 
 impl EmptyPrograms {
     /// Loads an empty program for each of `tracepoints` (names as in `btf_trace_<name>`) and
-    /// attaches it, and opens counting events for process `pid`'s minor and major page faults
-    /// (and its children's), as sysprof's fault family opens its sampling ones.
-    pub(super) fn attach(tracepoints: &[&str], pid: u32) -> anyhow::Result<Self> {
+    /// attaches it, and one on each online CPU's minor and major page-fault events, run as
+    /// sysprof's fault family runs its own for `--pid` (1 minor fault in 256, every major one).
+    pub(super) fn attach(tracepoints: &[&str]) -> anyhow::Result<Self> {
         let mut fds = on_tracepoints(tracepoints)?;
-        for config in [PERF_COUNT_SW_PAGE_FAULTS_MIN, PERF_COUNT_SW_PAGE_FAULTS_MAJ] {
-            fds.push(fault_events(pid, config).context("opening a page-fault event")?);
-        }
+        fds.extend(fault_events().context("opening the page-fault events")?);
         Ok(EmptyPrograms { _fds: fds })
     }
 }
@@ -329,9 +327,6 @@ fn attach(program: &OwnedFd) -> anyhow::Result<OwnedFd> {
 const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_COUNT_SW_PAGE_FAULTS_MIN: u64 = 5;
 const PERF_COUNT_SW_PAGE_FAULTS_MAJ: u64 = 6;
-/// `perf_event_attr.inherit`: the children's faults count too.
-const INHERIT: u64 = 1 << 1;
-
 /// `perf_event_open`'s flag for a close-on-exec fd: the measured command inherits none.
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
@@ -358,19 +353,41 @@ struct PerfEventAttr {
     config2: u64,
 }
 
-/// A counting event for `pid`'s software event `config`, on whichever CPU it runs.
-fn fault_events(pid: u32, config: u64) -> anyhow::Result<OwnedFd> {
-    let attr = PerfEventAttr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: size_of::<PerfEventAttr>() as u32,
-        config,
-        flags: INHERIT,
-        ..Default::default()
-    };
-    // SAFETY: `attr` is a live `perf_event_attr` of the size it states; no group, no flags.
-    new_fd(unsafe {
-        libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, pid as i32, -1, -1, 0)
-    })
+/// An empty program on each online CPU's minor page-fault event, run for 1 fault in 256 (its
+/// period, sysprof's `FAULT_STACK_EVERY`), and on its major one, run for every fault.
+fn fault_events() -> anyhow::Result<Vec<OwnedFd>> {
+    let program =
+        load_empty(BPF_PROG_TYPE_PERF_EVENT, 0, 0).context("loading an empty perf-event program")?;
+    let mut events = Vec::new();
+    for cpu in online_cpus()? {
+        for (config, period) in [(PERF_COUNT_SW_PAGE_FAULTS_MIN, 256), (PERF_COUNT_SW_PAGE_FAULTS_MAJ, 1)] {
+            let attr = PerfEventAttr {
+                kind: PERF_TYPE_SOFTWARE,
+                size: size_of::<PerfEventAttr>() as u32,
+                config,
+                sample_period: period,
+                ..Default::default()
+            };
+            events.push(
+                event_running(&attr, cpu, &program)
+                    .with_context(|| format!("a page-fault event on CPU {cpu}"))?,
+            );
+        }
+    }
+    events.push(program);
+    Ok(events)
+}
+
+/// The online CPUs, from `/sys/devices/system/cpu/online` ("0-3,6").
+fn online_cpus() -> anyhow::Result<Vec<i32>> {
+    let online =
+        std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading the online CPUs")?;
+    let mut cpus = Vec::new();
+    for range in online.trim().split(',') {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        cpus.extend(first.parse::<i32>()?..=last.parse::<i32>()?);
+    }
+    Ok(cpus)
 }
 
 /// `perf_event_attr.freq`: `sample_period` is a frequency, in Hz.
@@ -383,25 +400,19 @@ const BPF_PROG_TYPE_PERF_EVENT: u32 = 7;
 fn sampling_events(hz: u64) -> anyhow::Result<Vec<OwnedFd>> {
     let program =
         load_empty(BPF_PROG_TYPE_PERF_EVENT, 0, 0).context("loading an empty perf-event program")?;
-    let online =
-        std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading the online CPUs")?;
     let mut events = Vec::new();
-    for range in online.trim().split(',') {
-        let (first, last) = range.split_once('-').unwrap_or((range, range));
-        for cpu in first.parse::<i32>()?..=last.parse::<i32>()? {
-            let attr = PerfEventAttr {
-                kind: PERF_TYPE_SOFTWARE,
-                size: size_of::<PerfEventAttr>() as u32,
-                config: PERF_COUNT_SW_CPU_CLOCK,
-                sample_period: hz,
-                flags: FREQ,
-                ..Default::default()
-            };
-            events.push(
-                event_running(&attr, cpu, &program)
-                    .with_context(|| format!("a cpu-clock event on CPU {cpu}"))?,
-            );
-        }
+    for cpu in online_cpus()? {
+        let attr = PerfEventAttr {
+            kind: PERF_TYPE_SOFTWARE,
+            size: size_of::<PerfEventAttr>() as u32,
+            config: PERF_COUNT_SW_CPU_CLOCK,
+            sample_period: hz,
+            flags: FREQ,
+            ..Default::default()
+        };
+        events.push(
+            event_running(&attr, cpu, &program).with_context(|| format!("a cpu-clock event on CPU {cpu}"))?,
+        );
     }
     events.push(program);
     Ok(events)

@@ -7,7 +7,8 @@
 //! Each round starts the tool, waits until it says it is attached, runs every workload
 //! `REPEATS` times and stops the tool; the tools take turns, in alternating order, like the
 //! other benchmarks' configurations. Empty programs on the tracepoints sysprof shares with
-//! every process, with counting fault events on the target (`floor.rs`), are measured the same
+//! every process, and on every CPU's page-fault events at sysprof's periods (`floor.rs`), are
+//! measured the same
 //! way: the kernel's part of the cost, which no program there goes under.
 
 use std::{
@@ -137,7 +138,7 @@ impl Runner<'_> {
             }
             for index in order {
                 let tool = &tools[index];
-                let attached = start_tool(tool, pid)?;
+                let attached = start_tool(tool)?;
                 for (w, workload) in workloads.iter().enumerate() {
                     let mut fastest = f64::INFINITY;
                     for _ in 0..REPEATS {
@@ -210,11 +211,11 @@ fn bpftrace_script(pid: u32) -> String {
 }
 
 /// Attaches `tool`: starts it and waits for its line saying it is attached, or loads the empty
-/// programs (with fault events for `pid`, the target).
-fn start_tool(tool: &Tool, pid: u32) -> anyhow::Result<Attached> {
+/// programs.
+fn start_tool(tool: &Tool) -> anyhow::Result<Attached> {
     match &tool.how {
         How::Bare => Ok(Attached::Nothing),
-        How::EmptyPrograms => Ok(Attached::Programs(EmptyPrograms::attach(&SHARED_TRACEPOINTS, pid)?)),
+        How::EmptyPrograms => Ok(Attached::Programs(EmptyPrograms::attach(&SHARED_TRACEPOINTS)?)),
         How::Process { argv, ready, on_stderr } => {
             Ok(Attached::Process(start_process(tool.name, argv, ready, *on_stderr)?))
         }
