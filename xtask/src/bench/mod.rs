@@ -836,8 +836,8 @@ impl Runner<'_> {
         });
     }
 
-    /// The floor under an `added_row_of`: what empty programs on the same tracepoints (and the
-    /// target's fault events) add, and the lowest ratio to bpftrace that any program there
+    /// The floor under an `added_row_of`: what empty programs on the same tracepoints (and on
+    /// every CPU's fault events) add, and the lowest ratio to bpftrace that any program there
     /// could reach (`floor.rs`); `ours_above` is sysprof's figure minus the floor's, paired
     /// round by round.
     fn floor_row_of(&self, row: &str, bare: f64, floor: f64, theirs: Option<f64>, ours_above: f64) {
