@@ -121,10 +121,10 @@ impl Probes {
     /// Events of the targets' own threads (one per thread, inherited, as these were) would
     /// spare the other processes even that, but a process with perf events of its own costs
     /// the kernel more at each of its context switches, whoever opened them (`perf stat -e
-    /// page-faults` added 10 us): a pipe round trip between two of its threads on two CPUs
-    /// took 3.5 and 5.9 us more with them than with these (`sysload pingpong 100000` under
-    /// `--focus memory`, two sets of 10 paired runs, 25-39 us a round trip), for a saving of
-    /// some 25 ns on each other process's fault.
+    /// page-faults` too): a pipe round trip between two of its threads on two CPUs took 4.2
+    /// and 5.5 us more with them than with these under the default families (`sysload
+    /// pingpong 100000`, 12 and 10 paired runs, 10 of 12 and 10 of 10 slower; 20-40 us a round
+    /// trip), for a saving of some 25 ns on each other process's fault.
     pub fn attach_page_faults(&mut self) -> anyhow::Result<()> {
         let by_task = self.lineage && self.fault_counters_known;
         let cpus = online_cpus()?;
