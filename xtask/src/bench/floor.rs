@@ -333,7 +333,7 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 /// `_IOW('$', 8, __u32)`: runs a BPF program at each of the event's hits.
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 
-/// The second version of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER1`), all a counting
+/// The second version of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER1`), all a sampling
 /// software event and a uprobe need.
 #[repr(C)]
 #[derive(Default)]
