@@ -127,7 +127,7 @@ pub(crate) struct Analyzed {
 /// caller's.
 pub(crate) fn analyze(
     recording: &Recording,
-    mut families: Vec<Box<dyn Family>>,
+    families: Vec<Box<dyn Family>>,
     shared: Shared,
     processes: &mut ProcessTable,
     gpu_state: Option<&GpuState>,
@@ -154,8 +154,14 @@ pub(crate) fn analyze(
     };
     // Each section with its family's place in the list, to be put back in report order.
     let mut places = Vec::new();
-    for index in analysis_order(&families) {
-        if let Some(section) = families[index].analyze(&mut cx)? {
+    let order = analysis_order(&families);
+    let mut families: Vec<Option<Box<dyn Family>>> = families.into_iter().map(Some).collect();
+    for index in order {
+        // Dropped once analyzed: what a family read of the maps is in its section and
+        // profiles now, and on a machine running thousands of processes it is megabytes that
+        // the next family's analysis and the rendering would otherwise hold beside their own.
+        let Some(mut family) = families[index].take() else { continue };
+        if let Some(section) = family.analyze(&mut cx)? {
             cx.sections.push(section);
             places.push(index);
         }

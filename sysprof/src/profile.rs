@@ -97,6 +97,8 @@ impl ResolvedStacks {
                 let mut frames: Vec<Frame> =
                     ips.iter().rev().flat_map(|addr| kernel_frames[addr].iter().cloned()).collect();
                 without_tracing_glue(&mut frames);
+                // Kept until every profile is built: without the room collecting left.
+                frames.shrink_to_fit();
                 Some((id, frames))
             })
             .collect();
@@ -132,10 +134,10 @@ impl ResolvedStacks {
                     resolved.truncate(leaf);
                     resolved.push(marker(UNMAPPED_CODE));
                 }
-                user.insert(
-                    (pid, id),
-                    crate::python::merge(resolved, python, python_code, id, &mut python_frames),
-                );
+                let mut merged = crate::python::merge(resolved, python, python_code, id, &mut python_frames);
+                // As the kernel's: a busy machine's fault profile resolves thousands of stacks.
+                merged.shrink_to_fit();
+                user.insert((pid, id), merged);
             }
         }
         ResolvedStacks { kernel, user }
@@ -143,13 +145,20 @@ impl ResolvedStacks {
 
     /// The frames of a sample, outermost first: user stack, then kernel stack.
     pub fn frames(&self, sample: &StackSample) -> Vec<Frame> {
-        let mut frames = Vec::new();
-        match sample.user_stack_id {
-            stack::NONE => {}
-            stack::LOST => frames.push(marker(LOST_USER_STACK)),
-            id => frames.extend(self.user.get(&(sample.tgid, id as u32)).into_iter().flatten().cloned()),
-        }
-        frames.extend(self.kernel_frames(sample).iter().cloned());
+        self.frames_under(None, sample)
+    }
+
+    /// [`Self::frames`] under `label` when there is one, in a vector of exactly their length:
+    /// a profile keeps every distinct stack's, tens of thousands on a busy machine.
+    pub fn frames_under(&self, label: Option<Frame>, sample: &StackSample) -> Vec<Frame> {
+        let lost = (sample.user_stack_id == stack::LOST).then(|| marker(LOST_USER_STACK));
+        let (user, kernel) = (self.user_frames(sample), self.kernel_frames(sample));
+        let length = usize::from(label.is_some()) + usize::from(lost.is_some()) + user.len() + kernel.len();
+        let mut frames = Vec::with_capacity(length);
+        frames.extend(label);
+        frames.extend(lost);
+        frames.extend_from_slice(user);
+        frames.extend_from_slice(kernel);
         frames
     }
 
@@ -184,11 +193,8 @@ pub fn build(
 ) -> StackProfile {
     let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
     for sample in samples {
-        let mut frames = Vec::new();
-        if let Some(label) = label(sample, resolved.kernel_frames(sample)) {
-            frames.push(marker(&label));
-        }
-        frames.extend(resolved.frames(sample));
+        let label = label(sample, resolved.kernel_frames(sample)).map(|label| marker(&label));
+        let frames = resolved.frames_under(label, sample);
         *merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default() += sample.weight;
     }
     from_merged(merged, unit)

@@ -1,23 +1,18 @@
 //! Folded stacks (`cpu.folded`), the format inferno and FlameGraph read: one line per distinct
 //! stack, `process;outer;...;inner count`.
 
-use super::{Artifact, Rendered, Sink};
+use super::Rendered;
 use crate::profile::StackProfile;
 
-pub struct Folded;
-
-impl Sink for Folded {
-    fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>> {
-        let Artifact::Stacks { name, folded, .. } = artifact else {
-            return Ok(None);
-        };
-        Ok(Some(Rendered { name: format!("{name}.folded"), bytes: folded.as_bytes().to_vec() }))
-    }
+/// Profile `name`'s folded file, from its folded text, which it takes over: the text is the
+/// file, and a busy machine's page-fault profile is megabytes of it, so it is not copied.
+pub fn file(name: &str, mut text: String) -> Rendered {
+    text.shrink_to_fit();
+    Rendered { name: format!("{name}.folded"), bytes: text.into_bytes() }
 }
 
 /// The folded lines of a profile, heaviest first, as one text: built once per profile, for
-/// this file and the flamegraph both (`output::render_profile`), straight into one buffer
-/// (a busy machine's page-fault profile is megabytes of it).
+/// this file and the flamegraph both (`output::render_profile`), straight into one buffer.
 pub fn folded_text(profile: &StackProfile) -> String {
     use std::fmt::Write as _;
     let mut text = String::new();

@@ -31,7 +31,6 @@ use nix::{
 
 pub use self::{
     flamegraph::Flamegraph,
-    folded::Folded,
     markdown::{MarkdownReport, render as render_markdown},
 };
 use crate::{
@@ -43,13 +42,14 @@ use crate::{
 
 /// What the sinks write from.
 pub enum Artifact<'a> {
-    /// A stack profile under a base name ("cpu" -> cpu.folded, cpu.svg).
+    /// A stack profile under a base name ("cpu" -> cpu.svg, cpu.pb.gz; its folded file is
+    /// [`render_profile`]'s).
     Stacks {
         name: &'a str,
         title: &'a str,
         profile: &'a StackProfile,
-        /// The profile's folded lines (`folded::folded_text`), for the folded file and the
-        /// flamegraph both.
+        /// The profile's folded lines (`folded::folded_text`), which the flamegraph is drawn
+        /// from.
         folded: &'a str,
         /// What the pprof file needs beside the stacks.
         facts: &'a pprof::ProfileFacts,
@@ -100,7 +100,7 @@ pub trait Sink {
 
 /// `artifact` rendered by every sink that applies.
 pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
-    let sinks: [&dyn Sink; 4] = [&Folded, &Flamegraph, &pprof::Pprof, &MarkdownReport];
+    let sinks: [&dyn Sink; 3] = [&Flamegraph, &pprof::Pprof, &MarkdownReport];
     let mut files = Vec::new();
     for sink in sinks {
         files.extend(sink.render(artifact)?.map(|mut file| {
@@ -113,7 +113,8 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
     Ok(files)
 }
 
-/// The files of stack profile `name` ("cpu" -> cpu.folded, cpu.svg, cpu.pb.gz).
+/// The files of stack profile `name` ("cpu" -> cpu.folded, cpu.svg, cpu.pb.gz): the folded
+/// text is built once, drawn into the flamegraph, and then becomes the folded file itself.
 pub fn render_profile(
     name: &str,
     title: &str,
@@ -121,7 +122,8 @@ pub fn render_profile(
     facts: &pprof::ProfileFacts,
 ) -> anyhow::Result<Vec<Rendered>> {
     let folded = folded::folded_text(profile);
-    render(&Artifact::Stacks { name, title, profile, folded: &folded, facts })
+    let others = render(&Artifact::Stacks { name, title, profile, folded: &folded, facts })?;
+    Ok(std::iter::once(folded::file(name, folded)).chain(others).collect())
 }
 
 /// Whether `name` is a file sysprof writes: only those are ever removed as stale.
