@@ -459,9 +459,10 @@ fn work_the_command_leaves_running_is_traced_to_its_end() {
 fn a_full_disk_keeps_the_report_and_names_what_was_lost() {
     let Some(_guard) = root_guard("a_full_disk_keeps_the_report_and_names_what_was_lost") else { return };
     let mount = tempfile::tempdir().unwrap();
-    // Room for the reports and the folded stacks, not for the flamegraphs.
+    // Room for the reports twice (the second names what was left out), the folded stacks and
+    // the pprof files; not for the flamegraphs.
     let status = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64k", "sysprof-test"])
+        .args(["-t", "tmpfs", "-o", "size=128k", "sysprof-test"])
         .arg(mount.path())
         .status()
         .unwrap();
@@ -498,6 +499,9 @@ fn a_full_disk_keeps_the_report_and_names_what_was_lost() {
         std::fs::read_to_string(out_dir.join("report.md")).unwrap().contains("## Part B"),
         "report.md is whole"
     );
+    for name in ["cpu.folded", "offcpu.folded"] {
+        assert!(out_dir.join(name).is_file(), "{name}: the folded stacks go before the flamegraphs");
+    }
     let leftovers: Vec<_> = std::fs::read_dir(&out_dir)
         .unwrap()
         .filter_map(|e| e.ok())

@@ -12,7 +12,7 @@ use crate::{
     family::{Analysis, Family, StackFile},
     gpu::state::GpuState,
     output::{
-        self, Rendered,
+        Profiles, Rendered,
         pprof::{self, ProfileFacts},
     },
     probes::DetachReport,
@@ -88,14 +88,16 @@ pub(crate) fn processes(families: &[Box<dyn Family>]) -> BTreeSet<u32> {
 /// A saved read-out (`readout.json`) through the analysis a live run does: its report, and the
 /// folded stacks and flamegraphs that go with it.
 pub fn replay(readout: &[u8]) -> anyhow::Result<(Report, Vec<Rendered>)> {
-    replay_keeping(readout, &[])
+    let (report, profiles, files) = replay_keeping(readout, &[])?;
+    Ok((report, profiles.render_all()?.into_iter().chain(files).collect()))
 }
 
-/// [`replay`], keeping only the `focus` families of those the run traced (all when empty).
+/// [`replay`], keeping only the `focus` families of those the run traced (all when empty),
+/// with the profiles still to render.
 pub(crate) fn replay_keeping(
     readout: &[u8],
     focus: &[crate::config::Family],
-) -> anyhow::Result<(Report, Vec<Rendered>)> {
+) -> anyhow::Result<(Report, Profiles, Vec<Rendered>)> {
     let mut recording = Recording::from_json(readout)?;
     if !focus.is_empty() {
         recording.props.families.keep_only(focus);
@@ -110,12 +112,14 @@ pub(crate) fn replay_keeping(
     let mut symbolizer = Symbolizer::replay(recording.symbols.clone());
     let analyzed =
         analyze(&recording, families, shared, &mut processes, gpu_state.as_ref(), &mut symbolizer)?;
-    Ok((analyzed.report, analyzed.files))
+    Ok((analyzed.report, analyzed.profiles, analyzed.files))
 }
 
 pub(crate) struct Analyzed {
     pub report: Report,
-    /// Folded stacks and flamegraphs, rendered.
+    /// The stack profiles, rendered as they are written.
+    pub profiles: Profiles,
+    /// The other files, rendered (the timeline).
     pub files: Vec<Rendered>,
     /// On-CPU samples with a stack, for the closing line.
     pub cpu_samples: u64,
@@ -173,13 +177,11 @@ pub(crate) fn analyze(
     let (target_time_s, target_time) = target_time(recording, &sections);
     let recommendations = recommendation::rank(recommendations, target_time_s);
 
-    // Rendered in memory, written after the report (see results::write_all).
-    let mut files = Vec::new();
+    // The profiles are rendered as they are written, after the report (see
+    // results::write_all); the timeline is rendered here, for its notes.
     let facts = profile_facts(recording, &profiles, processes, symbolizer.reads_files());
-    // Each profile dropped once its files are rendered: they are what is written.
-    for StackFile { name, title, profile } in profiles {
-        files.extend(output::render_profile(name, &title, &profile, &facts)?);
-    }
+    let profiles = Profiles { stacks: profiles, facts };
+    let mut files = Vec::new();
     if let (Some(timeline), Some(stacks)) = (&recording.timeline, &shared.timeline_stacks) {
         let (file, notes) = timeline::write(
             timeline,
@@ -194,7 +196,8 @@ pub(crate) fn analyze(
         files.push(file);
         limitations.extend(notes);
     }
-    let mut outputs: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
+    let mut outputs: Vec<String> =
+        profiles.file_names().chain(files.iter().map(|f| f.name.clone())).collect();
     outputs.extend(["report.md".to_string(), "report.json".to_string()]);
     if props.save_readout {
         outputs.push(recording::FILE_NAME.into());
@@ -285,9 +288,13 @@ pub(crate) fn analyze(
                 .unwrap_or(DetachReport { programs: 0, still_attached: Vec::new() }),
         },
     };
-    let build_ids =
-        facts.modules.into_values().filter_map(|file| Some((file.path, file.build_id?))).collect();
-    Ok(Analyzed { report, files, cpu_samples, build_ids })
+    let build_ids = profiles
+        .facts
+        .modules
+        .values()
+        .filter_map(|file| Some((file.path.clone(), file.build_id.clone()?)))
+        .collect();
+    Ok(Analyzed { report, profiles, files, cpu_samples, build_ids })
 }
 
 /// The target's time, which every recommendation is a share of: a launched command's wall time;

@@ -10,6 +10,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::output::Rendered;
+
 /// How long one upload may take before sysprof gives up on the server.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -50,12 +52,12 @@ impl Series {
 }
 
 /// Sends each `(name, gzipped pprof)` profile; what happened, as the lines to print.
-pub fn send(url: &str, profiles: &[(String, Vec<u8>)], series: &Series) -> Result<Vec<String>, String> {
+pub fn send(url: &str, profiles: &[Rendered], series: &Series) -> Result<Vec<String>, String> {
     let agent: ureq::Agent =
         ureq::Agent::config_builder().timeout_global(Some(TIMEOUT)).http_status_as_error(true).build().into();
     let seconds = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut sent = Vec::new();
-    for (file, bytes) in profiles {
+    for Rendered { name: file, bytes } in profiles {
         let kind = file.strip_suffix(".pb.gz").unwrap_or(file);
         let boundary = format!("sysprof-{:016x}", bytes.len() as u64 ^ seconds(series.from));
         let query = [

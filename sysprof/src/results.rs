@@ -9,7 +9,7 @@ use crate::{
     collect::{EndReason, UprobeTracers},
     families,
     launch::{self, CommandEnd},
-    output::{self, Artifact, OutputDir, Rendered, ToWrite},
+    output::{self, Artifact, OutputDir, Profiles, Rendered, ToWrite},
     probes::Probes,
     procs::ProcessTable,
     readout::MapReader,
@@ -142,7 +142,7 @@ impl Results {
             Symbolizer::new()
         };
         symbolizer.know_kernel(kernel_frames);
-        let Analyzed { mut report, mut files, cpu_samples, build_ids } = analysis::analyze(
+        let Analyzed { mut report, profiles, mut files, cpu_samples, build_ids } = analysis::analyze(
             &recording,
             families,
             shared,
@@ -160,21 +160,15 @@ impl Results {
             recording.build_ids = build_ids;
             files.push(Rendered { name: recording::FILE_NAME.into(), bytes: recording.to_json()? });
         }
-        // The report and the rendered files are all that is written from here: the read-out,
-        // the symbols and the process table go before the report is rendered.
+        // The report, the profiles and the rendered files are all that is written from here:
+        // the read-out, the symbols and the process table go before the report is rendered.
         drop((symbolizer, processes));
         let Recording { props, run, .. } = recording;
         let quiet = props.quiet;
         let exit_code = run.exit_code;
-        let pprofs: Vec<(String, Vec<u8>)> = match &props.push {
-            Some(_) => files
-                .iter()
-                .filter(|f| f.name.ends_with(".pb.gz"))
-                .map(|f| (f.name.clone(), f.bytes.clone()))
-                .collect(),
-            None => Vec::new(),
-        };
-        let (report, written) = write_all(&mut output, report, files)?;
+        let (report, written, pprofs) =
+            write_all(&mut output, report, &profiles, files, props.push.is_some())?;
+        drop(profiles);
         if let Some(push) = &props.push {
             push_profiles(push, &pprofs, started_at, elapsed, props.frequency_hz, quiet);
         }
@@ -245,7 +239,7 @@ fn calibrate_probes(
 /// failure is one line, and neither the files nor the exit code depend on it.
 fn push_profiles(
     push: &recording::PushProps,
-    pprofs: &[(String, Vec<u8>)],
+    pprofs: &[Rendered],
     started_at: std::time::SystemTime,
     elapsed: std::time::Duration,
     frequency_hz: u64,
@@ -280,71 +274,82 @@ pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Famil
         ),
         Err(error) => anyhow::bail!("reading {}: {error}", path.display()),
     };
-    let (report, mut files) = crate::analysis::replay_keeping(&bytes, focus)?;
+    let (report, profiles, mut files) = crate::analysis::replay_keeping(&bytes, focus)?;
     let mut out = OutputDir::prepare(output.unwrap_or(dir), user)?;
     // The read-out stays where it is; a copy goes with the files rendered elsewhere.
     if output.is_some_and(|o| o != dir) {
         files.push(Rendered { name: recording::FILE_NAME.into(), bytes });
     }
-    let (report, written) = write_all(&mut out, report, files)?;
+    let (report, written, _) = write_all(&mut out, report, &profiles, files, false)?;
     let removed = out.remove_stale(&written.written);
     print_summary(&out, &written, &removed, &report, report.run.samples);
     Ok(if written.failed.is_empty() { 0 } else { 1 })
 }
 
 /// Writes the report first (on a full disk it is what must survive), then the folded stacks,
-/// then the flamegraphs. Files that will not fit in the room the disk has are left out before
-/// anything is written, so the report, written first, already says which; a write that fails
-/// anyway gets the report written again, as far as the disk allows (each file is replaced
-/// whole or not at all, so the first report stays intact).
+/// the pprof files and `others`, then the flamegraphs. Each profile's files are rendered just
+/// before they are written and dropped after (held together, a busy machine's were the end of a
+/// trace's peak), so a file's size is known only then: one that will not fit in the room the
+/// disk had is left out, and what was left out or failed gets the report written again. The
+/// room kept for the reports is twice theirs, for that second report (each file is replaced
+/// whole or not at all, so the first one stays intact until it is). Returns the pprof files too
+/// when `keep_pprofs` (to push them).
 fn write_all(
     output: &mut OutputDir,
     mut report: Report,
-    mut profiles: Vec<Rendered>,
-) -> anyhow::Result<(Report, output::Written)> {
-    profiles.sort_by_key(|file| file.name.ends_with(".svg"));
-    // (file, why it was not written), as `Written::failed` has them.
-    let mut skipped: Vec<(String, String)> = Vec::new();
-    if let Some((free, block)) = output.room() {
-        let on_disk = |bytes: usize| (bytes as u64).div_ceil(block).max(1) * block;
-        // The report as it is now, and room for the lines this adds to it.
-        let reports: u64 = output::render(&Artifact::Report(&report))?
-            .iter()
-            .map(|f| f.bytes.len())
-            .chain([output::json::size(&report)? as usize])
-            .map(|bytes| on_disk(bytes) + block)
-            .sum();
-        let mut left = free.saturating_sub(reports);
-        profiles.retain(|file| {
-            let needs = on_disk(file.bytes.len());
-            let fits = needs <= left;
-            if fits {
-                left -= needs;
-            } else {
-                let reason = format!(
-                    "it needs {} and {} had {} free",
-                    report::format::bytes(needs),
-                    output.path().display(),
-                    report::format::bytes(free)
-                );
-                skipped.push((file.name.clone(), reason));
+    profiles: &Profiles,
+    others: Vec<Rendered>,
+    keep_pprofs: bool,
+) -> anyhow::Result<(Report, output::Written, Vec<Rendered>)> {
+    let room = match output.room() {
+        Some((free, block)) => {
+            let reports: u64 = output::render(&Artifact::Report(&report))?
+                .iter()
+                .map(|f| f.bytes.len())
+                .chain([output::json::size(&report)? as usize])
+                .map(|bytes| on_disk(bytes, block) + block)
+                .sum();
+            Some(Room { free, block, left: free.saturating_sub(2 * reports) })
+        }
+        None => None,
+    };
+    let first = write_with_report(output, &report)?;
+    let mut writer = Writer { output, room, written: first, skipped: Vec::new() };
+    let mut pprofs = Vec::new();
+    for index in 0..profiles.stacks.len() {
+        match profiles.render_data(index) {
+            Ok(files) => {
+                for file in files {
+                    writer.put(&file);
+                    if keep_pprofs && profiles.is_pprof(&file.name) {
+                        pprofs.push(file);
+                    }
+                }
             }
-            fits
-        });
+            Err(error) => writer.not_rendered(profiles.data_names(index), &error),
+        }
     }
-    let planned: Vec<&str> = profiles.iter().map(|f| f.name.as_str()).collect();
-    report.run.outputs.retain(|name| name.starts_with("report.") || planned.contains(&name.as_str()));
-    report
-        .limitations
-        .extend(skipped.iter().map(|(name, reason)| format!("{name} could not be written: {reason}")));
-    let mut written = write_with_report(output, &report, &profiles)?;
-    if !written.failed.is_empty() || !written.notes.is_empty() {
+    for file in &others {
+        writer.put(file);
+    }
+    drop(others);
+    for index in 0..profiles.stacks.len() {
+        match profiles.render_flamegraph(index) {
+            Ok(file) => writer.put(&file),
+            Err(error) => writer.not_rendered([profiles.flamegraph_name(index)], &error),
+        }
+    }
+    let Writer { output, mut written, skipped, .. } = writer;
+    if !skipped.is_empty() || !written.failed.is_empty() || !written.notes.is_empty() {
+        report
+            .limitations
+            .extend(skipped.iter().map(|(name, reason)| format!("{name} could not be written: {reason}")));
         report.limitations.extend(written.notes.iter().cloned());
         for (name, reason) in &written.failed {
             report.limitations.push(format!("{name} could not be written: {reason}"));
         }
         report.run.outputs.retain(|name| written.written.contains(name));
-        let again = write_with_report(output, &report, &[])?;
+        let again = write_with_report(output, &report)?;
         for name in again.written {
             if !written.written.contains(&name) {
                 written.written.push(name.clone());
@@ -353,23 +358,61 @@ fn write_all(
         }
     }
     written.failed.extend(skipped);
-    Ok((report, written))
+    Ok((report, written, pprofs))
 }
 
-/// Writes the report (report.md, then report.json, serialized as it is written) and then
-/// `files`.
-fn write_with_report(
-    output: &mut OutputDir,
-    report: &Report,
-    files: &[Rendered],
-) -> anyhow::Result<output::Written> {
+/// What a file takes on a disk of `block`-byte blocks.
+fn on_disk(bytes: usize, block: u64) -> u64 {
+    (bytes as u64).div_ceil(block).max(1) * block
+}
+
+/// The room the output's filesystem had for the files after the reports.
+struct Room {
+    free: u64,
+    block: u64,
+    left: u64,
+}
+
+/// Writes the files after the report one at a time, as they are rendered.
+struct Writer<'a> {
+    output: &'a mut OutputDir,
+    room: Option<Room>,
+    written: output::Written,
+    /// Files left out for want of room, with why.
+    skipped: Vec<(String, String)>,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, file: &Rendered) {
+        if let Some(room) = &mut self.room {
+            let needs = on_disk(file.bytes.len(), room.block);
+            if needs > room.left {
+                let reason = format!(
+                    "it needs {} and {} had {} free",
+                    report::format::bytes(needs),
+                    self.output.path().display(),
+                    report::format::bytes(room.free)
+                );
+                self.skipped.push((file.name.clone(), reason));
+                return;
+            }
+            room.left -= needs;
+        }
+        self.written.add(self.output.write(&[file.into()]));
+    }
+
+    /// Files that could not be rendered, with why.
+    fn not_rendered(&mut self, names: impl IntoIterator<Item = String>, error: &anyhow::Error) {
+        let reason = format!("it could not be rendered: {error:#}");
+        self.written.failed.extend(names.into_iter().map(|name| (name, reason.clone())));
+    }
+}
+
+/// Writes the report: report.md, then report.json, serialized as it is written.
+fn write_with_report(output: &mut OutputDir, report: &Report) -> anyhow::Result<output::Written> {
     let markdown = output::render(&Artifact::Report(report))?;
-    let all: Vec<ToWrite<'_>> = markdown
-        .iter()
-        .map(ToWrite::from)
-        .chain([ToWrite::ReportJson(report)])
-        .chain(files.iter().map(ToWrite::from))
-        .collect();
+    let all: Vec<ToWrite<'_>> =
+        markdown.iter().map(ToWrite::from).chain([ToWrite::ReportJson(report)]).collect();
     Ok(output.write(&all))
 }
 

@@ -23,7 +23,7 @@ impl Sink for Flamegraph {
             flamegraph::from_lines(&mut options, folded.lines(), &mut svg)
                 .with_context(|| format!("drawing the {name} flamegraph"))?;
         }
-        Ok(Some(Rendered { name: format!("{name}.svg"), bytes: svg }))
+        Ok(Some(Rendered { name: format!("{name}.{}", super::FLAMEGRAPH), bytes: svg }))
     }
 }
 

@@ -8,7 +8,7 @@ use crate::profile::StackProfile;
 /// file, and a busy machine's page-fault profile is megabytes of it, so it is not copied.
 pub fn file(name: &str, mut text: String) -> Rendered {
     text.shrink_to_fit();
-    Rendered { name: format!("{name}.folded"), bytes: text.into_bytes() }
+    Rendered { name: format!("{name}.{}", super::FOLDED), bytes: text.into_bytes() }
 }
 
 /// The folded lines of a profile, heaviest first, as one text: built once per profile, for

@@ -1,8 +1,9 @@
 //! The write stage: the output directory and one file per format behind the [`Sink`] trait.
 //!
 //! Every file but report.json is rendered in memory first (that one is serialized straight into
-//! its file, see `json.rs`), then written into a directory opened once and
-//! checked, relative to its descriptor: to a fresh temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`)
+//! its file, see `json.rs`; the stack profiles' one at a time, see [`Profiles`]), then written
+//! into the directory, opened and checked for each write, relative to its descriptor: to a
+//! fresh temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`)
 //! that is then renamed over the final one. A symlink planted in the directory is replaced,
 //! never followed, and a full disk leaves the earlier file whole, never a truncated one.
 //! Through sudo all of it happens as the invoking user ([`InvokingUser::act`]): the directories
@@ -35,6 +36,7 @@ pub use self::{
 };
 use crate::{
     error::Error,
+    family::StackFile,
     privileges::{InvokingUser, as_user},
     profile::StackProfile,
     report::Report,
@@ -43,7 +45,7 @@ use crate::{
 /// What the sinks write from.
 pub enum Artifact<'a> {
     /// A stack profile under a base name ("cpu" -> cpu.svg, cpu.pb.gz; its folded file is
-    /// [`render_profile`]'s).
+    /// [`Profiles::render_data`]'s).
     Stacks {
         name: &'a str,
         title: &'a str,
@@ -104,8 +106,7 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
     let mut files = Vec::new();
     for sink in sinks {
         files.extend(sink.render(artifact)?.map(|mut file| {
-            // Held until every file is rendered (see `results::write_all`): without the
-            // room a growing buffer keeps, up to half of it.
+            // Held until written: without the room a growing buffer keeps, up to half of it.
             file.bytes.shrink_to_fit();
             file
         }));
@@ -113,18 +114,81 @@ pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
     Ok(files)
 }
 
-/// The files of stack profile `name` ("cpu" -> cpu.folded, cpu.svg, cpu.pb.gz): the folded
-/// text is built once, drawn into the flamegraph, and then becomes the folded file itself.
-pub fn render_profile(
-    name: &str,
-    title: &str,
-    profile: &StackProfile,
-    facts: &pprof::ProfileFacts,
-) -> anyhow::Result<Vec<Rendered>> {
-    let folded = folded::folded_text(profile);
-    let others = render(&Artifact::Stacks { name, title, profile, folded: &folded, facts })?;
-    Ok(std::iter::once(folded::file(name, folded)).chain(others).collect())
+/// A run's stack profiles, rendered one at a time as they are written (`results::write_all`):
+/// drawn, a busy machine's are megabytes each, and rendered all at once before the first was
+/// written they were the peak of the end of a trace.
+pub struct Profiles {
+    pub(crate) stacks: Vec<StackFile>,
+    pub(crate) facts: pprof::ProfileFacts,
 }
+
+impl Profiles {
+    /// The files they become, in the order [`Self::render_all`] gives them.
+    pub fn file_names(&self) -> impl Iterator<Item = String> + '_ {
+        (0..self.stacks.len()).flat_map(|index| {
+            let [folded, pprof] = self.data_names(index);
+            [folded, self.flamegraph_name(index), pprof]
+        })
+    }
+
+    /// The names of [`Self::render_data`]'s files.
+    pub fn data_names(&self, index: usize) -> [String; 2] {
+        [FOLDED, PPROF].map(|extension| format!("{}.{extension}", self.stacks[index].name))
+    }
+
+    /// The name of [`Self::render_flamegraph`]'s file.
+    pub fn flamegraph_name(&self, index: usize) -> String {
+        format!("{}.{FLAMEGRAPH}", self.stacks[index].name)
+    }
+
+    /// Whether `name` is one of their pprof files.
+    pub fn is_pprof(&self, name: &str) -> bool {
+        name.strip_suffix(PPROF).is_some_and(|base| base.ends_with('.'))
+    }
+
+    /// Profile `index`'s data files: its folded stacks and its pprof file. The folded text is
+    /// built for them and becomes the folded file itself.
+    pub fn render_data(&self, index: usize) -> anyhow::Result<[Rendered; 2]> {
+        let stack = &self.stacks[index];
+        let folded = folded::folded_text(&stack.profile);
+        let pprof = pprof::Pprof.render(&self.artifact(stack, &folded))?;
+        let pprof = pprof.ok_or_else(|| anyhow::anyhow!("no pprof file for {}", stack.name))?;
+        Ok([folded::file(stack.name, folded), pprof])
+    }
+
+    /// Profile `index`'s flamegraph, drawn from its folded text (built again: holding every
+    /// profile's until the flamegraphs, which are written last, would be the peak again).
+    pub fn render_flamegraph(&self, index: usize) -> anyhow::Result<Rendered> {
+        let stack = &self.stacks[index];
+        let folded = folded::folded_text(&stack.profile);
+        let svg = Flamegraph.render(&self.artifact(stack, &folded))?;
+        svg.ok_or_else(|| anyhow::anyhow!("no flamegraph for {}", stack.name))
+    }
+
+    /// Every file, rendered: for a caller that wants them in hand ([`crate::replay`]).
+    pub fn render_all(&self) -> anyhow::Result<Vec<Rendered>> {
+        let mut files = Vec::new();
+        for index in 0..self.stacks.len() {
+            let [folded, pprof] = self.render_data(index)?;
+            files.extend([folded, self.render_flamegraph(index)?, pprof]);
+        }
+        Ok(files)
+    }
+
+    fn artifact<'a>(&'a self, stack: &'a StackFile, folded: &'a str) -> Artifact<'a> {
+        Artifact::Stacks {
+            name: stack.name,
+            title: &stack.title,
+            profile: &stack.profile,
+            folded,
+            facts: &self.facts,
+        }
+    }
+}
+
+const FOLDED: &str = "folded";
+const FLAMEGRAPH: &str = "svg";
+const PPROF: &str = "pb.gz";
 
 /// Whether `name` is a file sysprof writes: only those are ever removed as stale.
 pub fn is_sysprof_output(name: &str) -> bool {
@@ -133,7 +197,7 @@ pub fn is_sysprof_output(name: &str) -> bool {
             matches!(
                 base,
                 "cpu" | "offcpu" | "faults" | "alloc" | "inuse" | crate::gpu::section::CALL_PROFILE
-            ) && matches!(ext, "folded" | "svg" | "pb.gz")
+            ) && matches!(ext, FOLDED | FLAMEGRAPH | PPROF)
         })
 }
 
@@ -145,6 +209,20 @@ pub struct Written {
     pub failed: Vec<(String, String)>,
     /// What happened to the directory meanwhile (removed and created again, ...).
     pub notes: Vec<String>,
+}
+
+impl Written {
+    /// Adds what a later write did.
+    pub fn add(&mut self, later: Written) {
+        self.written.extend(later.written);
+        self.failed.extend(later.failed);
+        for note in later.notes {
+            // Each write opens the directory again, and says again what happened to it.
+            if !self.notes.contains(&note) {
+                self.notes.push(note);
+            }
+        }
+    }
 }
 
 /// The directory the results go to, checked before tracing starts so a long trace is never

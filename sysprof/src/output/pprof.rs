@@ -97,7 +97,7 @@ impl Sink for Pprof {
         let message = encode(name, title, profile, facts);
         let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
         gzip.write_all(&message.encode_to_vec())?;
-        Ok(Some(Rendered { name: format!("{name}.pb.gz"), bytes: gzip.finish()? }))
+        Ok(Some(Rendered { name: format!("{name}.{}", super::PPROF), bytes: gzip.finish()? }))
     }
 }
 
