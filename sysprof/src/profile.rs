@@ -216,9 +216,17 @@ fn from_merged(merged: HashMap<(u32, String, Vec<Frame>), u64>, unit: &str) -> S
     StackProfile { unit: unit.into(), stacks }
 }
 
-/// Heaviest first; equal weights in frame order, so every output is the same run after run.
+/// Heaviest first; equal weights in frame order, then by process, so every output is the same
+/// run after run (short-lived processes of one program share their stacks, each under its own
+/// pid, and came out in the order of a hash map's).
 fn heaviest_first(stacks: &mut [WeightedStack]) {
-    stacks.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.frames.cmp(&b.frames)));
+    stacks.sort_by(|a, b| {
+        b.weight
+            .cmp(&a.weight)
+            .then_with(|| a.frames.cmp(&b.frames))
+            .then_with(|| a.process.cmp(&b.process))
+            .then(a.pid.cmp(&b.pid))
+    });
 }
 
 /// Builds the on-CPU profile from the raw samples, each stack with its weight by thread.
