@@ -132,7 +132,7 @@ pub(crate) struct Analyzed {
 pub(crate) fn analyze(
     recording: &Recording,
     families: Vec<Box<dyn Family>>,
-    shared: Shared,
+    mut shared: Shared,
     processes: &mut ProcessTable,
     gpu_state: Option<&GpuState>,
     symbolizer: &mut Symbolizer,
@@ -140,6 +140,25 @@ pub(crate) fn analyze(
     let props = &recording.props;
     let run = &recording.run;
     let names = CallNames::new(&shared.calls, gpu_state, &shared.call_stacks, processes, symbolizer);
+    // The timeline first, and its stacks freed: rendering it resolves its own stacks and builds
+    // the file, megabytes on a busy host, which beside the profiles the families build next
+    // were the peak of the analysis.
+    let (timeline_file, timeline_notes) = match (&recording.timeline, shared.timeline_stacks.take()) {
+        (Some(timeline), Some(stacks)) => {
+            let (file, notes) = timeline::write(
+                timeline,
+                &stacks,
+                &names,
+                recording,
+                gpu_state,
+                processes,
+                symbolizer,
+                &shared.counters,
+            );
+            (Some(file), notes)
+        }
+        _ => (None, Vec::new()),
+    };
     let mut cx = Analysis {
         props,
         run,
@@ -178,24 +197,11 @@ pub(crate) fn analyze(
     let recommendations = recommendation::rank(recommendations, target_time_s);
 
     // The profiles are rendered as they are written, after the report (see
-    // results::write_all); the timeline is rendered here, for its notes.
+    // results::write_all); the timeline was rendered first, and its notes go to the report.
     let facts = profile_facts(recording, &profiles, processes, symbolizer.reads_files());
     let profiles = Profiles { stacks: profiles, facts };
-    let mut files = Vec::new();
-    if let (Some(timeline), Some(stacks)) = (&recording.timeline, &shared.timeline_stacks) {
-        let (file, notes) = timeline::write(
-            timeline,
-            stacks,
-            &names,
-            recording,
-            gpu_state,
-            processes,
-            symbolizer,
-            &shared.counters,
-        );
-        files.push(file);
-        limitations.extend(notes);
-    }
+    let files: Vec<Rendered> = timeline_file.into_iter().collect();
+    limitations.extend(timeline_notes);
     let mut outputs: Vec<String> =
         profiles.file_names().chain(files.iter().map(|f| f.name.clone())).collect();
     outputs.extend(["report.md".to_string(), "report.json".to_string()]);

@@ -70,10 +70,10 @@ fn frame_of(text: &str) -> Option<Frame> {
     if function.is_empty() {
         return None;
     }
-    Some(Frame {
-        function: function.into(),
-        module: module.map_or_else(|| Frame::KERNEL_MODULE.into(), |module| format!("[{module}]").into()),
-    })
+    Some(Frame::new(
+        function.into(),
+        module.map_or_else(|| Frame::KERNEL_MODULE.into(), |module| format!("[{module}]").into()),
+    ))
 }
 
 #[cfg(test)]

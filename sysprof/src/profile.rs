@@ -151,7 +151,9 @@ impl ResolvedStacks {
     /// [`Self::frames`] under `label` when there is one, in a vector of exactly their length:
     /// a profile keeps every distinct stack's, tens of thousands on a busy machine.
     pub fn frames_under(&self, label: Option<Frame>, sample: &StackSample) -> Vec<Frame> {
-        let lost = (sample.user_stack_id == stack::LOST).then(|| marker(LOST_USER_STACK));
+        static LOST: std::sync::OnceLock<Frame> = std::sync::OnceLock::new();
+        let lost = (sample.user_stack_id == stack::LOST)
+            .then(|| LOST.get_or_init(|| marker(LOST_USER_STACK)).clone());
         let (user, kernel) = (self.user_frames(sample), self.kernel_frames(sample));
         let length = usize::from(label.is_some()) + usize::from(lost.is_some()) + user.len() + kernel.len();
         let mut frames = Vec::with_capacity(length);
@@ -192,8 +194,11 @@ pub fn build(
     label: impl Fn(&StackSample, &[Frame]) -> Option<String>,
 ) -> StackProfile {
     let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
+    // A few labels over thousands of stacks: one frame each, shared.
+    let mut labels: HashMap<String, Frame> = HashMap::new();
     for sample in samples {
-        let label = label(sample, resolved.kernel_frames(sample)).map(|label| marker(&label));
+        let label = label(sample, resolved.kernel_frames(sample))
+            .map(|label| labels.entry(label).or_insert_with_key(|label| marker(label)).clone());
         let frames = resolved.frames_under(label, sample);
         *merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default() += sample.weight;
     }
@@ -218,9 +223,10 @@ fn from_merged(merged: HashMap<(u32, String, Vec<Frame>), u64>, unit: &str) -> S
 
 /// Heaviest first; equal weights in frame order, then by process, so every output is the same
 /// run after run (short-lived processes of one program share their stacks, each under its own
-/// pid, and came out in the order of a hash map's).
+/// pid, and came out in the order of a hash map's). The stacks were merged by all of these, so
+/// no two compare equal: an unstable sort orders them alike, without a stable one's scratch copy.
 fn heaviest_first(stacks: &mut [WeightedStack]) {
-    stacks.sort_by(|a, b| {
+    stacks.sort_unstable_by(|a, b| {
         b.weight
             .cmp(&a.weight)
             .then_with(|| a.frames.cmp(&b.frames))
@@ -308,7 +314,7 @@ fn label_probe_frames(frames: &mut Vec<Frame>) {
         return;
     }
     frames.truncate(entry);
-    frames.push(Frame { function: SYSPROF_PROBES.into(), module: "sysprof".into() });
+    frames.push(Frame::new(SYSPROF_PROBES.into(), "sysprof".into()));
 }
 
 fn sample_of(key: &SampleKey, count: u64) -> StackSample {
@@ -361,7 +367,7 @@ fn lookup_addresses(ips: &[u64]) -> impl Iterator<Item = u64> + '_ {
 }
 
 fn marker(label: &str) -> Frame {
-    Frame { function: label.into(), module: "".into() }
+    Frame::new(label.into(), "".into())
 }
 
 /// The flamegraph root for a sample: the process name, with idle and kernel threads labelled.
@@ -425,7 +431,7 @@ mod tests {
 
     /// Kernel frames with these names, outermost first.
     fn kernel(names: &[&str]) -> Vec<Frame> {
-        names.iter().map(|n| Frame { function: (*n).into(), module: Frame::KERNEL_MODULE.into() }).collect()
+        names.iter().map(|n| Frame::new((*n).into(), Frame::KERNEL_MODULE.into())).collect()
     }
 
     #[test]

@@ -27,23 +27,42 @@ use crate::{
     procmaps::{Backing, Mapping, ProcessMaps},
 };
 
-/// One frame of a symbolized stack. Its names are shared, not owned: every stack through a
-/// function holds the one copy its address resolved to, and a busy host's trace has tens of
-/// thousands of stacks over a few thousand functions (a 10 s `--all` trace beside `make -j2`
-/// held 19 MB of frames at its peak with a copy of both names in each).
+/// One frame of a symbolized stack: a pointer to its names, which are shared, not owned. Every
+/// stack through an address holds the one frame it resolved to, and a busy host's trace has
+/// tens of thousands of stacks over a few thousand functions: a 10 s `--all` trace beside
+/// `make -j2` held 19 MB of frames at its peak with a copy of both names in each, and its
+/// profiles' frame lists were most of its peak with the names shared but two pointers to them
+/// in each frame. Compared by its names (an equal frame resolved twice is equal).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Frame {
+#[serde(transparent)]
+pub struct Frame(Arc<FrameNames>);
+
+/// What a [`Frame`] names.
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FrameNames {
     /// Demangled function name, or `[unknown] module+0xoffset`.
     pub function: Arc<str>,
     /// File name of the binary or library, `[kernel]` for kernel frames.
     pub module: Arc<str>,
 }
 
+impl std::ops::Deref for Frame {
+    type Target = FrameNames;
+
+    fn deref(&self) -> &FrameNames {
+        &self.0
+    }
+}
+
 impl Frame {
     pub const KERNEL_MODULE: &'static str = "[kernel]";
 
+    pub fn new(function: Arc<str>, module: Arc<str>) -> Self {
+        Frame(Arc::new(FrameNames { function, module }))
+    }
+
     pub(crate) fn unknown(module: &str, offset: u64) -> Self {
-        Frame { function: format!("[unknown] {module}+{offset:#x}").into(), module: module.into() }
+        Frame::new(format!("[unknown] {module}+{offset:#x}").into(), module.into())
     }
 
     pub fn is_kernel(&self) -> bool {
@@ -332,7 +351,7 @@ impl Symbolizer {
                         let frame = perf_map
                             .as_ref()
                             .and_then(|map| map.find(addr))
-                            .map(|name| Frame { function: name.into(), module: "[jit]".into() })
+                            .map(|name| Frame::new(name.into(), "[jit]".into()))
                             .unwrap_or_else(|| Frame::unknown(&module, mapping.file_offset_of(addr)));
                         result.insert(addr, vec![frame]);
                     }
@@ -403,9 +422,7 @@ impl Symbolizer {
             .map(|index| {
                 // A PLT stub is its function's, `puts@plt`, not the symbol before it.
                 let frames = match (&stubs[index], &resolved) {
-                    (Some(stub), _) => {
-                        Some(vec![Frame { function: stub.as_str().into(), module: shared_module.clone() }])
-                    }
+                    (Some(stub), _) => Some(vec![Frame::new(stub.as_str().into(), shared_module.clone())]),
                     (None, Ok(symbols)) => frames_of(&symbols[index], &shared_module),
                     (None, Err(_)) => None,
                 };
@@ -431,12 +448,8 @@ fn frames_of(symbolized: &Symbolized<'_>, module: &Arc<str>) -> Option<Frames> {
     } else {
         module.clone()
     };
-    let mut frames = vec![Frame { function: sym.name.as_ref().into(), module: module.clone() }];
-    frames.extend(
-        sym.inlined
-            .iter()
-            .map(|inlined| Frame { function: inlined.name.as_ref().into(), module: module.clone() }),
-    );
+    let mut frames = vec![Frame::new(sym.name.as_ref().into(), module.clone())];
+    frames.extend(sym.inlined.iter().map(|inlined| Frame::new(inlined.name.as_ref().into(), module.clone())));
     Some(frames)
 }
 

@@ -24,7 +24,7 @@ pub struct Hotspot {
 
 impl Hotspot {
     pub fn frame(&self) -> Frame {
-        Frame { function: self.function.clone(), module: self.module.clone() }
+        Frame::new(self.function.clone(), self.module.clone())
     }
 }
 
@@ -101,7 +101,7 @@ mod tests {
     use crate::profile::WeightedStack;
 
     fn frame(name: &str) -> Frame {
-        Frame { function: name.into(), module: "app".into() }
+        Frame::new(name.into(), "app".into())
     }
 
     fn stack(frames: &[&str], weight: u64) -> WeightedStack {

@@ -51,7 +51,7 @@ mod tests {
 
     #[test]
     fn folds_process_then_frames_then_count() {
-        let frame = |f: &str| Frame { function: f.into(), module: "m".into() };
+        let frame = |f: &str| Frame::new(f.into(), "m".into());
         let profile = StackProfile {
             unit: "samples".into(),
             stacks: vec![

@@ -363,7 +363,7 @@ mod tests {
     use super::*;
 
     fn frame(function: &str, module: &str) -> Frame {
-        Frame { function: function.into(), module: module.into() }
+        Frame::new(function.into(), module.into())
     }
 
     #[test]

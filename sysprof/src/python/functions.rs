@@ -59,7 +59,7 @@ fn without_line(frame: &Frame) -> Frame {
         }
         _ => frame.function.clone(),
     };
-    Frame { function, module: frame.module.clone() }
+    Frame::new(function, frame.module.clone())
 }
 
 #[cfg(test)]
@@ -67,7 +67,7 @@ mod tests {
     use super::*;
 
     fn frame(function: &str, module: &str) -> Frame {
-        Frame { function: function.into(), module: module.into() }
+        Frame::new(function.into(), module.into())
     }
 
     #[test]

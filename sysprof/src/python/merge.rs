@@ -69,11 +69,11 @@ fn python_frame(frame: u64, code: Option<&ProcessCode>, stack: u32, made: &mut P
             let line = code.line_at(offset);
             let frame = made.0.entry((code as *const Code, line)).or_insert_with(|| {
                 let file = short_file(&code.file);
-                Frame { function: format!("{} ({file}:{line})", code.name).into(), module: file.into() }
+                Frame::new(format!("{} ({file}:{line})", code.name).into(), file.into())
             });
             frame.clone()
         }
-        None => Frame { function: "[unknown Python function]".into(), module: Frame::PYTHON_UNKNOWN.into() },
+        None => Frame::new("[unknown Python function]".into(), Frame::PYTHON_UNKNOWN.into()),
     }
 }
 
@@ -99,7 +99,7 @@ mod tests {
     use super::*;
 
     fn native(names: &[&str]) -> Vec<Frame> {
-        names.iter().map(|name| Frame { function: (*name).into(), module: "python3.12".into() }).collect()
+        names.iter().map(|name| Frame::new((*name).into(), "python3.12".into())).collect()
     }
 
     #[test]

@@ -407,7 +407,7 @@ mod tests {
     use super::*;
 
     fn kernel(names: &[&str]) -> Vec<Frame> {
-        names.iter().map(|n| Frame { function: (*n).into(), module: Frame::KERNEL_MODULE.into() }).collect()
+        names.iter().map(|n| Frame::new((*n).into(), Frame::KERNEL_MODULE.into())).collect()
     }
 
     #[test]
@@ -443,13 +443,13 @@ mod tests {
             offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait", "schedule"]), &[]),
             "futex wait (condition, join, semaphore)"
         );
-        let caller = [Frame { function: "__GI___lll_lock_wait".into(), module: "libc.so.6".into() }];
+        let caller = [Frame::new("__GI___lll_lock_wait".into(), "libc.so.6".into())];
         assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait"]), &caller), "lock contention");
         let gil = [
-            Frame { function: "worker (app.py:3)".into(), module: "app.py".into() },
-            Frame { function: "PyEval_RestoreThread".into(), module: "python3.12".into() },
-            Frame { function: "take_gil".into(), module: "python3.12".into() },
-            Frame { function: "pthread_cond_timedwait".into(), module: "libc.so.6".into() },
+            Frame::new("worker (app.py:3)".into(), "app.py".into()),
+            Frame::new("PyEval_RestoreThread".into(), "python3.12".into()),
+            Frame::new("take_gil".into(), "python3.12".into()),
+            Frame::new("pthread_cond_timedwait".into(), "libc.so.6".into()),
         ];
         assert_eq!(offcpu_reason(1, &kernel(&["__x64_sys_futex", "futex_wait"]), &gil), GIL_WAIT);
         // A GIL taken further out, around a Python frame, is not this wait's.

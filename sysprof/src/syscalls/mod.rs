@@ -165,7 +165,9 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
             }
         })
         .collect();
-    rows.sort_by(|a, b| {
+    // Each (process, syscall) is one row, so no two compare equal, and an unstable sort orders
+    // them as a stable one would without its scratch copy (megabytes for thousands of processes).
+    rows.sort_unstable_by(|a, b| {
         b.latency.total_ns.cmp(&a.latency.total_ns).then(a.pid.cmp(&b.pid)).then(a.nr.cmp(&b.nr))
     });
     SyscallReport {

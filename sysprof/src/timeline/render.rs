@@ -587,7 +587,9 @@ impl Writer {
     }
 
     /// The trace.
-    fn finish(self) -> Vec<u8> {
+    fn finish(mut self) -> Vec<u8> {
+        // Held until written, after the whole analysis: without the room its growth left.
+        self.out.shrink_to_fit();
         self.out
     }
 }
