@@ -355,10 +355,12 @@ fn profile_facts(
     let props = &recording.props;
     let cpu_period_ns = (props.event == crate::config::SampleEvent::CpuClock)
         .then(|| 1_000_000_000 / props.frequency_hz.max(1) as i64);
-    let named: BTreeSet<&str> = profiles
-        .iter()
-        .flat_map(|p| p.profile.stacks.iter().flat_map(|s| s.frames.iter().map(|f| &*f.module)))
-        .collect();
+    // Inserted one by one: collected, a set is first a vector of every frame's module, sorted
+    // (megabytes for a busy host's profiles), for a few hundred names.
+    let mut named: BTreeSet<&str> = BTreeSet::new();
+    for frame in profiles.iter().flat_map(|p| p.profile.stacks.iter().flat_map(|s| s.frames.iter())) {
+        named.insert(&frame.module);
+    }
     ProfileFacts {
         time_nanos,
         duration_nanos: run.elapsed.as_nanos() as i64,

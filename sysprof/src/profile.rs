@@ -193,6 +193,21 @@ pub fn build(
     unit: &str,
     label: impl Fn(&StackSample, &[Frame]) -> Option<String>,
 ) -> StackProfile {
+    merge(samples, resolved, processes, label).into_profile(unit)
+}
+
+/// Samples merged by (process id, root label, frames): [`build`] in two steps, so that a caller
+/// can free the samples and their resolved stacks before the profile is laid out (a busy
+/// host's fault profile holds tens of thousands of each).
+pub struct Merged(HashMap<(u32, String, Vec<Frame>), u64>);
+
+/// [`build`]'s first step.
+pub fn merge(
+    samples: &[StackSample],
+    resolved: &ResolvedStacks,
+    processes: &ProcessTable,
+    label: impl Fn(&StackSample, &[Frame]) -> Option<String>,
+) -> Merged {
     let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
     // A few labels over thousands of stacks: one frame each, shared.
     let mut labels: HashMap<String, Frame> = HashMap::new();
@@ -202,23 +217,26 @@ pub fn build(
         let frames = resolved.frames_under(label, sample);
         *merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default() += sample.weight;
     }
-    from_merged(merged, unit)
+    Merged(merged)
 }
 
-/// The profile of stacks merged by (process id, root label, frames), heaviest first.
-fn from_merged(merged: HashMap<(u32, String, Vec<Frame>), u64>, unit: &str) -> StackProfile {
-    let mut stacks: Vec<WeightedStack> = merged
-        .into_iter()
-        .map(|((pid, process, frames), weight)| WeightedStack {
-            pid,
-            process,
-            frames,
-            weight,
-            threads: Vec::new(),
-        })
-        .collect();
-    heaviest_first(&mut stacks);
-    StackProfile { unit: unit.into(), stacks }
+impl Merged {
+    /// The profile, heaviest first, weighed in `unit`.
+    pub fn into_profile(self, unit: &str) -> StackProfile {
+        let mut stacks: Vec<WeightedStack> = self
+            .0
+            .into_iter()
+            .map(|((pid, process, frames), weight)| WeightedStack {
+                pid,
+                process,
+                frames,
+                weight,
+                threads: Vec::new(),
+            })
+            .collect();
+        heaviest_first(&mut stacks);
+        StackProfile { unit: unit.into(), stacks }
+    }
 }
 
 /// Heaviest first; equal weights in frame order, then by process, so every output is the same

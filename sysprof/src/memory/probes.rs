@@ -98,7 +98,7 @@ impl Family for MemoryFamily {
     }
 
     fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
-        Ok(Some(Box::new(super::section::analyze(&self.dump, cx))))
+        Ok(Some(Box::new(super::section::analyze(&mut self.dump, cx))))
     }
 }
 

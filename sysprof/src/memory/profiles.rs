@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use sysprof_common::stack;
+use sysprof_common::{FaultKey, stack};
 
 use crate::{
     callsites,
@@ -43,29 +43,34 @@ pub struct FaultSite {
     pub share: f64,
 }
 
-/// Page faults by stack, the kind of fault as the first frame under the process.
+/// Page faults by stack, the kind of fault as the first frame under the process. Takes the
+/// read-out's stacks, and frees them and their resolved frames before the profile is laid out:
+/// on a busy host they are tens of thousands, and this profile was the analysis's peak.
 pub fn fault_profile(
-    dump: &MemoryDump,
+    fault_stacks: Vec<(FaultKey, u64)>,
+    fault_traces: HashMap<u32, Vec<u64>>,
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
 ) -> StackProfile {
-    let samples: Vec<StackSample> = dump
-        .fault_stacks
-        .iter()
+    let samples: Vec<StackSample> = fault_stacks
+        .into_iter()
         .map(|(key, weight)| StackSample {
             tgid: key.tgid,
             tid: key.tgid,
             user_stack_id: key.user_stack_id,
             kernel_stack_id: key.kernel_stack_id,
             comm: None,
-            weight: *weight,
+            weight,
             tag: key.major,
         })
         .collect();
-    let resolved = ResolvedStacks::resolve(&samples, &dump.fault_traces, processes, symbolizer);
-    profile::build(&samples, &resolved, processes, "faults", |sample, _| {
+    let resolved = ResolvedStacks::resolve(&samples, &fault_traces, processes, symbolizer);
+    drop(fault_traces);
+    let merged = profile::merge(&samples, &resolved, processes, |sample, _| {
         Some(if sample.tag == 1 { "[major fault]" } else { "[minor fault]" }.into())
-    })
+    });
+    drop((samples, resolved));
+    merged.into_profile("faults")
 }
 
 /// The functions that fault most, from the fault profile.

@@ -23,8 +23,11 @@ use crate::{
 
 /// The section, its limitations and recommendations, and the profiles' files. Runs after the
 /// GPU families: it reads their transfers and device memory.
-pub(crate) fn analyze(dump: &MemoryDump, cx: &mut Analysis<'_>) -> MemoryReport {
-    let faults = profiles::fault_profile(dump, cx.processes, cx.symbolizer);
+pub(crate) fn analyze(dump: &mut MemoryDump, cx: &mut Analysis<'_>) -> MemoryReport {
+    // Nothing else reads the fault stacks: the profile takes them.
+    let (stacks, traces) = (std::mem::take(&mut dump.fault_stacks), std::mem::take(&mut dump.fault_traces));
+    let faults = profiles::fault_profile(stacks, traces, cx.processes, cx.symbolizer);
+    let dump = &*dump;
     let (alloc, alloc_sites) = match dump.heaps.is_empty() {
         true => (None, Vec::new()),
         false => {
