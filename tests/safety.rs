@@ -560,6 +560,7 @@ fn an_output_directory_removed_mid_trace_is_created_again() {
         )),
         "{stderr}"
     );
+    assert!(!stderr.contains("replaced during the trace"), "said once, as removed: {stderr}");
     assert!(read_report(&out_dir)["limitations"].to_string().contains("removed during the trace"));
 }
 

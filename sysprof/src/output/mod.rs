@@ -232,7 +232,8 @@ pub struct OutputDir {
     path: PathBuf,
     /// Through sudo: the user it is written as.
     user: Option<InvokingUser>,
-    /// (st_dev, st_ino) when it was prepared, to notice it removed or replaced.
+    /// (st_dev, st_ino) when it was prepared, then as the last write found it: to notice it
+    /// removed or replaced.
     identity: (u64, u64),
     /// The directories `prepare` created, outermost first: removed again (when empty) if
     /// the run ends without writing anything.
@@ -296,10 +297,16 @@ impl OutputDir {
                     Err(error) => outcome.failed.push((file.name().to_string(), error.to_string())),
                 }
             }
-            Ok::<_, std::io::Error>(())
+            Ok::<_, std::io::Error>((meta.st_dev, meta.st_ino))
         });
-        if let Err(error) = result.and_then(|r| r) {
-            outcome.failed.extend(files.iter().map(|f| (f.name().to_string(), error.to_string())));
+        match result.and_then(|r| r) {
+            // The directory written into is the one the next write compares with: a run's files
+            // are written one at a time, and a directory made again is said once, not again as
+            // replaced at each later file.
+            Ok(identity) => self.identity = identity,
+            Err(error) => {
+                outcome.failed.extend(files.iter().map(|f| (f.name().to_string(), error.to_string())))
+            }
         }
         self.wrote |= !outcome.written.is_empty();
         outcome
@@ -491,6 +498,22 @@ mod tests {
         std::fs::remove_dir(&out).unwrap();
         let written = output.write(&[(&Rendered { name: "report.md".into(), bytes: b"x".to_vec() }).into()]);
         assert_eq!(written.written, ["report.md"]);
+        assert!(written.notes[0].contains("removed during the trace"), "{:?}", written.notes);
+    }
+
+    #[test]
+    fn a_directory_removed_during_the_trace_is_noted_once_over_several_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut output = OutputDir::prepare(&out, None).unwrap();
+        std::fs::remove_dir(&out).unwrap();
+        // Holds the freed inode, so that the directory made again gets another one.
+        std::fs::write(dir.path().join("filler"), "").unwrap();
+        let mut written =
+            output.write(&[(&Rendered { name: "report.md".into(), bytes: b"x".to_vec() }).into()]);
+        written.add(output.write(&[(&Rendered { name: "cpu.folded".into(), bytes: b"y".to_vec() }).into()]));
+        assert_eq!(written.written, ["report.md", "cpu.folded"]);
+        assert_eq!(written.notes.len(), 1, "{:?}", written.notes);
         assert!(written.notes[0].contains("removed during the trace"), "{:?}", written.notes);
     }
 
