@@ -9,7 +9,7 @@ use crate::{
     collect::{EndReason, UprobeTracers},
     families,
     launch::{self, CommandEnd},
-    output::{self, Artifact, OutputDir, Profiles, Rendered, ToWrite},
+    output::{self, OutputDir, Profiles, Rendered, ToWrite},
     probes::Probes,
     procs::ProcessTable,
     readout::MapReader,
@@ -303,7 +303,7 @@ fn write_all(
 ) -> anyhow::Result<(Report, output::Written, Vec<Rendered>)> {
     let room = match output.room() {
         Some((free, block)) => {
-            let reports: u64 = output::render(&Artifact::Report(&report))?
+            let reports: u64 = output::render_report(&report)?
                 .iter()
                 .map(|f| f.bytes.len())
                 .chain([output::json::size(&report)? as usize])
@@ -318,12 +318,11 @@ fn write_all(
     let mut pprofs = Vec::new();
     for index in 0..profiles.stacks.len() {
         match profiles.render_data(index) {
-            Ok(files) => {
-                for file in files {
-                    writer.put(&file);
-                    if keep_pprofs && profiles.is_pprof(&file.name) {
-                        pprofs.push(file);
-                    }
+            Ok([folded, pprof]) => {
+                writer.put(&folded);
+                writer.put(&pprof);
+                if keep_pprofs {
+                    pprofs.push(pprof);
                 }
             }
             Err(error) => writer.not_rendered(profiles.data_names(index), &error),
@@ -410,7 +409,7 @@ impl Writer<'_> {
 
 /// Writes the report: report.md, then report.json, serialized as it is written.
 fn write_with_report(output: &mut OutputDir, report: &Report) -> anyhow::Result<output::Written> {
-    let markdown = output::render(&Artifact::Report(report))?;
+    let markdown = output::render_report(report)?;
     let all: Vec<ToWrite<'_>> =
         markdown.iter().map(ToWrite::from).chain([ToWrite::ReportJson(report)]).collect();
     Ok(output.write(&all))

@@ -100,18 +100,9 @@ pub trait Sink {
     fn render(&self, artifact: &Artifact<'_>) -> anyhow::Result<Option<Rendered>>;
 }
 
-/// `artifact` rendered by every sink that applies.
-pub fn render(artifact: &Artifact<'_>) -> anyhow::Result<Vec<Rendered>> {
-    let sinks: [&dyn Sink; 3] = [&Flamegraph, &pprof::Pprof, &MarkdownReport];
-    let mut files = Vec::new();
-    for sink in sinks {
-        files.extend(sink.render(artifact)?.map(|mut file| {
-            // Held until written: without the room a growing buffer keeps, up to half of it.
-            file.bytes.shrink_to_fit();
-            file
-        }));
-    }
-    Ok(files)
+/// The report's rendered file, report.md (report.json is serialized as it is written).
+pub fn render_report(report: &Report) -> anyhow::Result<Vec<Rendered>> {
+    Ok(MarkdownReport.render(&Artifact::Report(report))?.into_iter().collect())
 }
 
 /// A run's stack profiles, rendered one at a time as they are written (`results::write_all`):
@@ -139,11 +130,6 @@ impl Profiles {
     /// The name of [`Self::render_flamegraph`]'s file.
     pub fn flamegraph_name(&self, index: usize) -> String {
         format!("{}.{FLAMEGRAPH}", self.stacks[index].name)
-    }
-
-    /// Whether `name` is one of their pprof files.
-    pub fn is_pprof(&self, name: &str) -> bool {
-        name.strip_suffix(PPROF).is_some_and(|base| base.ends_with('.'))
     }
 
     /// Profile `index`'s data files: its folded stacks and its pprof file. The folded text is
@@ -216,12 +202,7 @@ impl Written {
     pub fn add(&mut self, later: Written) {
         self.written.extend(later.written);
         self.failed.extend(later.failed);
-        for note in later.notes {
-            // Each write opens the directory again, and says again what happened to it.
-            if !self.notes.contains(&note) {
-                self.notes.push(note);
-            }
-        }
+        self.notes.extend(later.notes);
     }
 }
 
