@@ -271,8 +271,13 @@ impl Symbolizer {
 
     /// Kernel addresses to frames.
     pub fn kernel(&mut self, addrs: &[u64]) -> HashMap<u64, Frames> {
-        let missing: Vec<u64> =
-            addrs.iter().copied().filter(|a| !self.known.kernel.contains_key(a)).collect();
+        // Only kernel addresses: kallsyms names no other, and one alone had blazesym read and
+        // index all of it (6 MB) for nothing.
+        let missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|&a| crate::ksyms::is_kernel(a) && !self.known.kernel.contains_key(&a))
+            .collect();
         if let Some(blazesym) = self.blazesym.as_ref().filter(|_| !missing.is_empty()) {
             let source = Source::Kernel(Kernel {
                 // A vmlinux with DWARF is rarely installed and slow to parse; kallsyms names
