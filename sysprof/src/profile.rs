@@ -80,6 +80,27 @@ impl ResolvedStacks {
         processes: &mut ProcessTable,
         symbolizer: &mut Symbolizer,
     ) -> Self {
+        let mut resolved = Self::kernel_only(samples, stacks, processes, symbolizer);
+        let mut user_ids: HashMap<u32, BTreeSet<u32>> = HashMap::new();
+        for sample in samples {
+            if let Ok(id) = u32::try_from(sample.user_stack_id) {
+                user_ids.entry(sample.tgid).or_default().insert(id);
+            }
+        }
+        for (pid, ids) in user_ids {
+            resolved.add_user(pid, ids, stacks, processes, symbolizer);
+        }
+        resolved
+    }
+
+    /// The kernel stacks the samples reference, with their processes known to `processes`:
+    /// the user stacks are added process by process ([`Self::add_user`]).
+    fn kernel_only(
+        samples: &[StackSample],
+        stacks: &HashMap<u32, Vec<u64>>,
+        processes: &mut ProcessTable,
+        symbolizer: &mut Symbolizer,
+    ) -> Self {
         for sample in samples {
             if sample.tgid != 0 {
                 processes.ensure(sample.tgid);
@@ -102,45 +123,46 @@ impl ResolvedStacks {
                 Some((id, frames))
             })
             .collect();
+        ResolvedStacks { kernel, user: HashMap::new() }
+    }
 
-        let mut user_ids: HashMap<u32, BTreeSet<u32>> = HashMap::new();
-        for sample in samples {
-            if let Ok(id) = u32::try_from(sample.user_stack_id) {
-                user_ids.entry(sample.tgid).or_default().insert(id);
+    /// Resolves process `pid`'s user stacks `ids`, in one batch.
+    fn add_user(
+        &mut self,
+        pid: u32,
+        ids: BTreeSet<u32>,
+        stacks: &HashMap<u32, Vec<u64>>,
+        processes: &ProcessTable,
+        symbolizer: &mut Symbolizer,
+    ) {
+        let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
+        let python_code = processes.get(pid).and_then(|p| p.python.as_ref());
+        let addrs: BTreeSet<u64> = ids
+            .iter()
+            .filter_map(|id| stacks.get(id))
+            .flat_map(|ips| lookup_addresses(walked_part(split_python(ips).1, maps)))
+            .collect();
+        let frames = symbolizer.user(pid, maps, &addrs.into_iter().collect::<Vec<_>>());
+        let mut python_frames = crate::python::PythonFrames::default();
+        for id in ids {
+            let Some(ips) = stacks.get(&id) else { continue };
+            let (python, native) = split_python(ips);
+            let walked = walked_part(native, maps);
+            let addrs: Vec<u64> = lookup_addresses(walked).collect();
+            let mut resolved: Vec<Frame> =
+                addrs.iter().rev().flat_map(|addr| frames[addr].iter().cloned()).collect();
+            // A leaf outside every mapping ran code unmapped since (the program before its
+            // exec): no address of it means anything now.
+            if maps.is_some_and(|maps| walked.first().is_some_and(|leaf| maps.find(*leaf).is_none())) {
+                let leaf = resolved.len() - frames[&addrs[0]].len();
+                resolved.truncate(leaf);
+                resolved.push(marker(UNMAPPED_CODE));
             }
+            let mut merged = crate::python::merge(resolved, python, python_code, id, &mut python_frames);
+            // As the kernel's: a busy machine's fault profile resolves thousands of stacks.
+            merged.shrink_to_fit();
+            self.user.insert((pid, id), merged);
         }
-        let mut user = HashMap::new();
-        for (pid, ids) in user_ids {
-            let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
-            let python_code = processes.get(pid).and_then(|p| p.python.as_ref());
-            let addrs: BTreeSet<u64> = ids
-                .iter()
-                .filter_map(|id| stacks.get(id))
-                .flat_map(|ips| lookup_addresses(walked_part(split_python(ips).1, maps)))
-                .collect();
-            let frames = symbolizer.user(pid, maps, &addrs.into_iter().collect::<Vec<_>>());
-            let mut python_frames = crate::python::PythonFrames::default();
-            for id in ids {
-                let Some(ips) = stacks.get(&id) else { continue };
-                let (python, native) = split_python(ips);
-                let walked = walked_part(native, maps);
-                let addrs: Vec<u64> = lookup_addresses(walked).collect();
-                let mut resolved: Vec<Frame> =
-                    addrs.iter().rev().flat_map(|addr| frames[addr].iter().cloned()).collect();
-                // A leaf outside every mapping ran code unmapped since (the program before its
-                // exec): no address of it means anything now.
-                if maps.is_some_and(|maps| walked.first().is_some_and(|leaf| maps.find(*leaf).is_none())) {
-                    let leaf = resolved.len() - frames[&addrs[0]].len();
-                    resolved.truncate(leaf);
-                    resolved.push(marker(UNMAPPED_CODE));
-                }
-                let mut merged = crate::python::merge(resolved, python, python_code, id, &mut python_frames);
-                // As the kernel's: a busy machine's fault profile resolves thousands of stacks.
-                merged.shrink_to_fit();
-                user.insert((pid, id), merged);
-            }
-        }
-        ResolvedStacks { kernel, user }
     }
 
     /// The frames of a sample, outermost first: user stack, then kernel stack.
@@ -199,7 +221,12 @@ pub fn build(
 /// Samples merged by (process id, root label, frames): [`build`] in two steps, so that a caller
 /// can free the samples and their resolved stacks before the profile is laid out (a busy
 /// host's fault profile holds tens of thousands of each).
-pub struct Merged(HashMap<(u32, String, Vec<Frame>), u64>);
+#[derive(Default)]
+pub struct Merged {
+    stacks: HashMap<(u32, String, Vec<Frame>), u64>,
+    /// A few labels over thousands of stacks: one frame each, shared.
+    labels: HashMap<String, Frame>,
+}
 
 /// [`build`]'s first step.
 pub fn merge(
@@ -208,23 +235,57 @@ pub fn merge(
     processes: &ProcessTable,
     label: impl Fn(&StackSample, &[Frame]) -> Option<String>,
 ) -> Merged {
-    let mut merged: HashMap<(u32, String, Vec<Frame>), u64> = HashMap::new();
-    // A few labels over thousands of stacks: one frame each, shared.
-    let mut labels: HashMap<String, Frame> = HashMap::new();
-    for sample in samples {
-        let label = label(sample, resolved.kernel_frames(sample))
-            .map(|label| labels.entry(label).or_insert_with_key(|label| marker(label)).clone());
-        let frames = resolved.frames_under(label, sample);
-        *merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default() += sample.weight;
+    let mut merged = Merged::default();
+    merged.add(samples, resolved, processes, &label);
+    merged
+}
+
+/// [`merge`] of samples whose stacks are not resolved yet, one process at a time: each
+/// process's user stacks are resolved, merged and freed before the next's. The merge keeps
+/// processes apart, so the profile is the same as [`ResolvedStacks::resolve`] then [`merge`]
+/// would give, without every process's resolved stacks alive at once (a busy host's fault
+/// profile resolves tens of thousands, for thousands of short processes).
+pub fn merge_by_process(
+    mut samples: Vec<StackSample>,
+    stacks: &HashMap<u32, Vec<u64>>,
+    processes: &mut ProcessTable,
+    symbolizer: &mut Symbolizer,
+    label: impl Fn(&StackSample, &[Frame]) -> Option<String>,
+) -> Merged {
+    let mut resolved = ResolvedStacks::kernel_only(&samples, stacks, processes, symbolizer);
+    samples.sort_unstable_by_key(|sample| sample.tgid);
+    let mut merged = Merged::default();
+    for process in samples.chunk_by(|a, b| a.tgid == b.tgid) {
+        let ids = process.iter().filter_map(|s| u32::try_from(s.user_stack_id).ok()).collect();
+        resolved.add_user(process[0].tgid, ids, stacks, processes, symbolizer);
+        merged.add(process, &resolved, processes, &label);
+        resolved.user.clear();
     }
-    Merged(merged)
+    merged
 }
 
 impl Merged {
+    /// Adds `samples`, their stacks in `resolved`.
+    fn add(
+        &mut self,
+        samples: &[StackSample],
+        resolved: &ResolvedStacks,
+        processes: &ProcessTable,
+        label: &impl Fn(&StackSample, &[Frame]) -> Option<String>,
+    ) {
+        for sample in samples {
+            let label = label(sample, resolved.kernel_frames(sample))
+                .map(|label| self.labels.entry(label).or_insert_with_key(|label| marker(label)).clone());
+            let frames = resolved.frames_under(label, sample);
+            *self.stacks.entry((sample.tgid, root_label(sample, processes), frames)).or_default() +=
+                sample.weight;
+        }
+    }
+
     /// The profile, heaviest first, weighed in `unit`.
     pub fn into_profile(self, unit: &str) -> StackProfile {
         let mut stacks: Vec<WeightedStack> = self
-            .0
+            .stacks
             .into_iter()
             .map(|((pid, process, frames), weight)| WeightedStack {
                 pid,

@@ -44,8 +44,9 @@ pub struct FaultSite {
 }
 
 /// Page faults by stack, the kind of fault as the first frame under the process. Takes the
-/// read-out's stacks, and frees them and their resolved frames before the profile is laid out:
-/// on a busy host they are tens of thousands, and this profile was the analysis's peak.
+/// read-out's stacks and resolves them one process at a time, freeing them before the profile
+/// is laid out: on a busy host they are tens of thousands, and this profile was the analysis's
+/// peak.
 pub fn fault_profile(
     fault_stacks: Vec<(FaultKey, u64)>,
     fault_traces: HashMap<u32, Vec<u64>>,
@@ -64,12 +65,10 @@ pub fn fault_profile(
             tag: key.major,
         })
         .collect();
-    let resolved = ResolvedStacks::resolve(&samples, &fault_traces, processes, symbolizer);
-    drop(fault_traces);
-    let merged = profile::merge(&samples, &resolved, processes, |sample, _| {
+    let merged = profile::merge_by_process(samples, &fault_traces, processes, symbolizer, |sample, _| {
         Some(if sample.tag == 1 { "[major fault]" } else { "[minor fault]" }.into())
     });
-    drop((samples, resolved));
+    drop(fault_traces);
     merged.into_profile("faults")
 }
 

@@ -12,7 +12,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    io::Write as _,
+    io::Write,
     sync::Arc,
 };
 
@@ -94,27 +94,42 @@ impl Sink for Pprof {
         let Artifact::Stacks { name, title, profile, facts, .. } = artifact else {
             return Ok(None);
         };
-        let message = encode(name, title, profile, facts);
         let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
-        gzip.write_all(&message.encode_to_vec())?;
+        write(name, title, profile, facts, &mut gzip)?;
         Ok(Some(Rendered { name: format!("{name}.{}", super::PPROF), bytes: gzip.finish()? }))
     }
 }
 
-/// The profile `name` as a pprof message.
-pub fn encode(name: &str, title: &str, profile: &StackProfile, facts: &ProfileFacts) -> Profile {
+/// The profile `name` as a pprof message, written to `out` a sample at a time: the message
+/// whole (its samples' location and label lists, then its encoding) took 6.7 MB for a busy
+/// host's fault profile, the peak of the run's end, for a file of 100 KB. A message's fields
+/// may come in any order, and a repeated one's entries need not be together, so the samples
+/// are written as they are made, and the rest of the message after them.
+pub fn write(
+    name: &str,
+    title: &str,
+    profile: &StackProfile,
+    facts: &ProfileFacts,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     let mut builder = Builder::default();
     let kind = Kind::of(name, &profile.unit, facts.cpu_period_ns);
     let sample_types = kind.sample_types().iter().map(|(t, u)| builder.value_type(t, u)).collect();
     let period_type = kind.period_type().map(|(t, u)| builder.value_type(t, u));
     let comment = vec![builder.string(title)];
+    let mut encoded = Vec::new();
     for stack in profile.stacks.iter().filter(|s| s.weight > 0) {
         builder.add_stack(stack, &kind, facts);
+        for sample in builder.samples.drain(..) {
+            encoded.clear();
+            prost::encoding::message::encode(PROFILE_SAMPLE_FIELD, &sample, &mut encoded);
+            out.write_all(&encoded)?;
+        }
     }
     let default_sample_type = builder.string(kind.sample_types().last().map_or("", |(t, _)| t));
-    Profile {
+    let rest = Profile {
         sample_types,
-        samples: builder.samples,
+        samples: Vec::new(),
         mappings: builder.mappings,
         locations: builder.locations,
         functions: builder.functions,
@@ -127,8 +142,12 @@ pub fn encode(name: &str, title: &str, profile: &StackProfile, facts: &ProfileFa
         period: kind.period(),
         comment,
         default_sample_type,
-    }
+    };
+    out.write_all(&rest.encode_to_vec())
 }
+
+/// `Profile.sample`'s field number in profile.proto.
+const PROFILE_SAMPLE_FIELD: u32 = 2;
 
 /// A Python frame's function and line: `train_step (train.py:42)` -> (`train_step`, 42).
 fn python_line(frame: &Frame) -> Option<(&str, i64)> {
@@ -364,6 +383,13 @@ mod tests {
 
     fn frame(function: &str, module: &str) -> Frame {
         Frame::new(function.into(), module.into())
+    }
+
+    /// The message as a reader decodes the bytes `write` gives.
+    fn encode(name: &str, title: &str, profile: &StackProfile, facts: &ProfileFacts) -> Profile {
+        let mut bytes = Vec::new();
+        write(name, title, profile, facts, &mut bytes).unwrap();
+        Profile::decode(bytes.as_slice()).unwrap()
     }
 
     #[test]
