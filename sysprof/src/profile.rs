@@ -156,7 +156,9 @@ impl ResolvedStacks {
             if maps.is_some_and(|maps| walked.first().is_some_and(|leaf| maps.find(*leaf).is_none())) {
                 let leaf = resolved.len() - frames[&addrs[0]].len();
                 resolved.truncate(leaf);
-                resolved.push(marker(UNMAPPED_CODE));
+                // One frame for every such stack: a busy host's short processes have thousands.
+                static UNMAPPED: std::sync::OnceLock<Frame> = std::sync::OnceLock::new();
+                resolved.push(UNMAPPED.get_or_init(|| marker(UNMAPPED_CODE)).clone());
             }
             let mut merged = crate::python::merge(resolved, python, python_code, id, &mut python_frames);
             // As the kernel's: a busy machine's fault profile resolves thousands of stacks.

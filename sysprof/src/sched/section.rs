@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    LockRelease, ProcessSched, SchedDump, SchedReport, offcpu_reason, offcpu_samples,
+    ProcessSched, SchedDump, SchedReport, offcpu_reason, offcpu_samples,
     recommend::sched_recommendations,
     wakes::{self, Wake},
 };
@@ -36,10 +36,8 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
     });
     let mut report = super::analyze(dump, &offcpu, cx.processes, cx.run.elapsed, cx.run.end_ns);
     let names = wakes::thread_names(&dump.threads, cx.processes);
-    let mut wakes = wakes::analyze(&dump.wakes, &dump.stacks, &names, cx.processes, cx.symbolizer);
-    report.lock_releases = lock_releases(&wakes);
-    wakes.truncate(wakes::TOP_WAKES);
-    report.wakes = wakes;
+    (report.wakes, report.lock_releases) =
+        wakes::analyze(&dump.wakes, &dump.stacks, &names, cx.processes, cx.symbolizer);
     // The time model's check: a thread is on a CPU (running, or kept from it) or off it, never
     // both, and only while it lives; what is over is said, not hidden.
     for process in &report.processes {
@@ -62,28 +60,6 @@ pub(crate) fn analyze(dump: &SchedDump, cx: &mut Analysis<'_>) -> SchedReport {
     ));
     cx.add_profile("offcpu", "off-CPU (microseconds blocked)", offcpu);
     report
-}
-
-/// The functions whose releases ended lock waits, per process, most waiting ended first.
-fn lock_releases(wakes: &[Wake]) -> Vec<LockRelease> {
-    let mut releases: Vec<LockRelease> = Vec::new();
-    for wake in wakes.iter().filter(|w| w.reason == "lock contention" && w.waker_pid == Some(w.pid)) {
-        let Some(function) = &wake.waker_in else { continue };
-        match releases.iter_mut().find(|r| r.pid == wake.pid && r.released_in == *function) {
-            Some(release) => {
-                release.seconds += wake.seconds;
-                release.wakeups += wake.wakeups;
-            }
-            None => releases.push(LockRelease {
-                pid: wake.pid,
-                released_in: function.clone(),
-                seconds: wake.seconds,
-                wakeups: wake.wakeups,
-            }),
-        }
-    }
-    releases.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-    releases
 }
 
 impl Section for SchedReport {

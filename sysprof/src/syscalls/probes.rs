@@ -115,6 +115,8 @@ impl SyscallDump {
                 stats.push((SyscallKey { tgid: super::UNATTRIBUTED, nr }, SyscallSummary::of(&value)))
             },
         )?;
+        // As `MapReader::entries` does: held until the family is analyzed.
+        stats.shrink_to_fit();
         Ok(SyscallDump { stats, errors: maps.entries(names::SYSCALL_ERRORS)?, pending })
     }
 }
