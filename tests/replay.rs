@@ -21,7 +21,8 @@ fn recorded_runs() -> Vec<PathBuf> {
     runs
 }
 
-fn replay(readout: &Path) -> (String, Vec<(String, String)>) {
+/// A replay's report.md, report.json and folded stacks.
+fn replay(readout: &Path) -> (String, String, Vec<(String, String)>) {
     let bytes = std::fs::read(readout).unwrap();
     let (report, files) = sysprof::replay(&bytes).unwrap_or_else(|e| panic!("{}: {e:#}", readout.display()));
     let folded = files
@@ -29,7 +30,7 @@ fn replay(readout: &Path) -> (String, Vec<(String, String)>) {
         .filter(|file| file.name.ends_with(".folded"))
         .map(|file| (file.name, String::from_utf8(file.bytes).unwrap()))
         .collect();
-    (sysprof::output::render_markdown(&report), folded)
+    (sysprof::output::render_markdown(&report), serde_json::to_string(&report).unwrap(), folded)
 }
 
 #[test]
@@ -37,7 +38,7 @@ fn recorded_runs_replay_to_their_golden_reports() {
     let runs = recorded_runs();
     assert!(runs.len() >= 2, "tests/data holds the recorded runs; found {runs:?}");
     for run in runs {
-        let (markdown, folded) = replay(&run.join("readout.json"));
+        let (markdown, _, folded) = replay(&run.join("readout.json"));
         assert_golden(&run.join("report.md"), &markdown);
         assert!(!folded.is_empty(), "{}: no folded stacks", run.display());
         for (name, text) in folded {
@@ -77,7 +78,7 @@ fn a_replayed_readout_gives_what_the_live_run_wrote() {
         .status()
         .unwrap();
     assert!(status.success());
-    let (markdown, folded) = replay(&out.path().join("readout.json"));
+    let (markdown, _, folded) = replay(&out.path().join("readout.json"));
     assert_eq!(markdown, std::fs::read_to_string(out.path().join("report.md")).unwrap());
     assert!(folded.iter().any(|(name, _)| name == "alloc.folded"), "the heap was traced");
     for (name, text) in folded {

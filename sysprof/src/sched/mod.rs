@@ -6,7 +6,10 @@ pub(crate) mod recommend;
 pub(crate) mod section;
 pub(crate) mod wakes;
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use serde::Serialize;
 use sysprof_common::{TASK_REPORT_MAX, ThreadSched};
@@ -229,11 +232,13 @@ pub fn analyze(
     }
     let runq: HashMap<u32, Percentiles> =
         dump.runq.iter().map(|(pid, hist)| (*pid, latency::percentiles(hist))).collect();
-    let mut reasons: HashMap<u32, HashMap<String, f64>> = HashMap::new();
+    // Microseconds, by reason in name order: sums that come out the same run after run (in
+    // seconds, added in a hash map's order, their last digits did not).
+    let mut reasons: HashMap<u32, BTreeMap<String, u64>> = HashMap::new();
     for stack in &offcpu.stacks {
         let reason =
             stack.frames.first().map(|f| f.function.trim_matches(['[', ']']).to_string()).unwrap_or_default();
-        *reasons.entry(stack.pid).or_default().entry(reason).or_default() += stack.weight as f64 / 1e6;
+        *reasons.entry(stack.pid).or_default().entry(reason).or_default() += stack.weight;
     }
 
     let mut rows: Vec<ProcessSched> = threads_by_pid
@@ -265,7 +270,7 @@ pub fn analyze(
                 .remove(&pid)
                 .unwrap_or_default()
                 .into_iter()
-                .map(|(reason, seconds)| ReasonTime { reason, seconds })
+                .map(|(reason, us)| ReasonTime { reason, seconds: us as f64 / 1e6 })
                 .collect();
             take_back_switch_path(&mut by_reason, offcpu_s);
             by_reason.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
