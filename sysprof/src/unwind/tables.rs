@@ -64,13 +64,15 @@ pub fn build(data: &[u8]) -> anyhow::Result<Table> {
         frame.set_address_size(8);
         collect(&frame, &BaseAddresses::default(), &mut spans)?;
     }
-    Ok(Table { rows: rows_of(spans)?, segments })
+    Ok(Table { rows: rows_of(spans), segments })
 }
 
-/// One row's span of addresses and its rule.
+/// One row's span of addresses and its rule. In 32 bits, as the BPF side keeps them: a
+/// compiler's table has half a million spans, and at 32 bytes each (with 64-bit addresses)
+/// they and the rows made of them were 27 MB of sysprof's heap while it built the table.
 struct Span {
-    start: u64,
-    end: u64,
+    start: u32,
+    end: u32,
     row: UnwindRow,
 }
 
@@ -100,7 +102,10 @@ where
             } else {
                 rule_of(section, row)
             };
-            spans.push(Span { start: row.start_address(), end: row.end_address(), row: rule });
+            let start =
+                u32::try_from(row.start_address()).context("code above 4 GiB in the file's addresses")?;
+            let end = u32::try_from(row.end_address()).unwrap_or(u32::MAX);
+            spans.push(Span { start, end, row: rule });
         }
     }
     Ok(())
@@ -174,15 +179,22 @@ fn sleb128(bytes: &[u8]) -> Option<(i64, &[u8])> {
 
 /// The spans as sorted rows: neighbours with the same rule merged, a gap between FDEs marked
 /// with a row that ends the walk.
-fn rows_of(mut spans: Vec<Span>) -> anyhow::Result<Vec<UnwindRow>> {
+fn rows_of(mut spans: Vec<Span>) -> Vec<UnwindRow> {
     spans.sort_by_key(|span| span.start);
-    let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len());
-    let mut covered_to = 0u64;
+    // A row for each span, one for each gap between them and one for the end, at most: sized
+    // once, as a vector that outgrew its first size doubled (5 MB more for a compiler).
+    let mut covered_to = 0u32;
+    let mut gaps = 0;
+    for span in &spans {
+        gaps += usize::from(covered_to != 0 && covered_to < span.start);
+        covered_to = covered_to.max(span.end);
+    }
+    let mut rows: Vec<UnwindRow> = Vec::with_capacity(spans.len() + gaps + 1);
+    let mut covered_to = 0u32;
     for span in spans {
-        let pc = u32::try_from(span.start).context("code above 4 GiB in the file's addresses")?;
+        let pc = span.start;
         if !rows.is_empty() && covered_to < span.start {
-            let gap = u32::try_from(covered_to).context("code above 4 GiB in the file's addresses")?;
-            rows.push(UnwindRow { pc: gap, cfa: cfa::END, ..UnwindRow::default() });
+            rows.push(UnwindRow { pc: covered_to, cfa: cfa::END, ..UnwindRow::default() });
         }
         let row = UnwindRow { pc, ..span.row };
         match rows.last_mut() {
@@ -195,10 +207,9 @@ fn rows_of(mut spans: Vec<Span>) -> anyhow::Result<Vec<UnwindRow>> {
         covered_to = covered_to.max(span.end);
     }
     if !rows.is_empty() {
-        let end = u32::try_from(covered_to).unwrap_or(u32::MAX);
-        rows.push(UnwindRow { pc: end, cfa: cfa::END, ..UnwindRow::default() });
+        rows.push(UnwindRow { pc: covered_to, cfa: cfa::END, ..UnwindRow::default() });
     }
-    Ok(rows)
+    rows
 }
 
 #[cfg(test)]
@@ -224,7 +235,7 @@ mod tests {
             Span { start: 0x1020, end: 0x1030, row: rsp(16) },
             Span { start: 0x1100, end: 0x1110, row: rsp(8) },
         ];
-        let rows = rows_of(spans).unwrap();
+        let rows = rows_of(spans);
         let summary: Vec<(u32, u8, i32)> = rows.iter().map(|row| (row.pc, row.cfa, row.cfa_offset)).collect();
         assert_eq!(
             summary,
