@@ -53,21 +53,23 @@ pub fn fault_profile(
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
 ) -> StackProfile {
-    let samples: Vec<StackSample> = fault_stacks
-        .into_iter()
-        .map(|(key, weight)| StackSample {
-            tgid: key.tgid,
-            tid: key.tgid,
-            user_stack_id: key.user_stack_id,
-            kernel_stack_id: key.kernel_stack_id,
-            comm: None,
-            weight,
-            tag: key.major,
-        })
-        .collect();
-    let merged = profile::merge_by_process(samples, &fault_traces, processes, symbolizer, |sample, _| {
-        Some(if sample.tag == 1 { "[major fault]" } else { "[minor fault]" }.into())
-    });
+    let sample_of = |(key, weight): &(FaultKey, u64)| StackSample {
+        tgid: key.tgid,
+        tid: key.tgid,
+        user_stack_id: key.user_stack_id,
+        kernel_stack_id: key.kernel_stack_id,
+        comm: None,
+        weight: *weight,
+        tag: key.major,
+    };
+    let merged = profile::merge_by_process(
+        fault_stacks,
+        sample_of,
+        &fault_traces,
+        processes,
+        symbolizer,
+        |sample, _| Some(if sample.tag == 1 { "[major fault]" } else { "[minor fault]" }.into()),
+    );
     drop(fault_traces);
     merged.into_profile("faults")
 }
