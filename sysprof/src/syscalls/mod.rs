@@ -5,7 +5,7 @@ pub(crate) mod probes;
 pub(crate) mod recommend;
 pub(crate) mod section;
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use serde::Serialize;
 
@@ -37,8 +37,10 @@ pub struct SyscallReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct SyscallRow {
     pub pid: u32,
-    pub process: String,
-    pub syscall: String,
+    /// Shared by the process's rows, as the syscall's name is by every process's: a busy host
+    /// has tens of thousands of rows, held until the report is written.
+    pub process: Arc<str>,
+    pub syscall: Arc<str>,
     pub nr: u32,
     pub calls: u64,
     pub calls_per_s: f64,
@@ -134,6 +136,8 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
     for ((tgid, nr, errno), count) in by_errno.into_iter().filter(|(_, count)| *count != 0) {
         errnos.entry((tgid, nr)).or_default().push(ErrnoCount { errno: errno_name(errno), count });
     }
+    let mut process_names: HashMap<u32, Arc<str>> = HashMap::new();
+    let mut syscall_names: HashMap<u32, Arc<str>> = HashMap::new();
     let mut rows: Vec<SyscallRow> = stats
         .iter()
         .map(|(&(tgid, nr), stats)| {
@@ -143,16 +147,21 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
             let latency = stats.latency;
             SyscallRow {
                 pid: key.tgid,
-                process: if key.tgid == UNATTRIBUTED {
-                    UNATTRIBUTED_NAME.to_string()
-                } else {
-                    processes
-                        .get(key.tgid)
-                        .map(|p| p.name.clone())
-                        .filter(|n| !n.is_empty())
-                        .unwrap_or_else(|| format!("pid {}", key.tgid))
-                },
-                syscall: syscall_name(key.nr),
+                process: process_names
+                    .entry(key.tgid)
+                    .or_insert_with(|| {
+                        if key.tgid == UNATTRIBUTED {
+                            UNATTRIBUTED_NAME.into()
+                        } else {
+                            processes
+                                .get(key.tgid)
+                                .map(|p| p.name.as_str())
+                                .filter(|n| !n.is_empty())
+                                .map_or_else(|| format!("pid {}", key.tgid).into(), Arc::from)
+                        }
+                    })
+                    .clone(),
+                syscall: syscall_names.entry(key.nr).or_insert_with(|| syscall_name(key.nr).into()).clone(),
                 nr: key.nr,
                 calls: stats.calls,
                 calls_per_s: stats.calls as f64 / wall_s,
@@ -227,7 +236,7 @@ mod tests {
         let report = analyze(&dump, &ProcessTable::default(), Duration::from_secs(1));
         assert_eq!(report.rows.len(), 2, "no row for process 9, which has no calls of its own: {report:#?}");
         let row = report.rows.iter().find(|r| r.pid == UNATTRIBUTED).unwrap();
-        assert_eq!(row.process, UNATTRIBUTED_NAME);
+        assert_eq!(&*row.process, UNATTRIBUTED_NAME);
         assert_eq!(row.errnos, vec![ErrnoCount { errno: errno_name(25), count: 2 }]);
         assert_eq!((report.calls, report.unattributed), (8, 3));
     }

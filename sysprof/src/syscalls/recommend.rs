@@ -42,7 +42,7 @@ pub fn syscall_recommendations(syscalls: &SyscallReport) -> Vec<Recommendation> 
     // and failures say nothing of any one of them.
     for row in syscalls.rows.iter().filter(|row| row.pid != super::UNATTRIBUTED) {
         let total_s = row.latency.total_ns as f64 / 1e9;
-        if IO_SYSCALLS.contains(&row.syscall.as_str())
+        if IO_SYSCALLS.contains(&&*row.syscall)
             && row.calls_per_s >= FREQUENT_PER_S
             && row.latency.p50_ns < TINY_CALL_NS
         {
@@ -59,7 +59,7 @@ pub fn syscall_recommendations(syscalls: &SyscallReport) -> Vec<Recommendation> 
                  mmap/io_uring for bulk data",
             ));
         }
-        if row.errors >= 100 && row.errors * 2 >= row.calls && !NOT_FAILURES.contains(&row.syscall.as_str()) {
+        if row.errors >= 100 && row.errors * 2 >= row.calls && !NOT_FAILURES.contains(&&*row.syscall) {
             let errno = row.errnos.first().map(|e| e.errno.as_str()).unwrap_or("an error");
             let failed_s = total_s * row.errors as f64 / row.calls.max(1) as f64;
             recommendations.push(Recommendation::new(
