@@ -2,8 +2,10 @@
 //! can still be symbolized after it exits.
 
 use std::{
+    collections::BTreeSet,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use procfs::process::MMapPath;
@@ -11,8 +13,10 @@ use procfs::process::MMapPath;
 /// What backs an executable mapping.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Backing {
-    /// An ELF file: `path` as the process saw it, `open` as sysprof can open it.
-    File { path: PathBuf, open: PathBuf },
+    /// An ELF file: `path` as the process saw it, `open` as sysprof can open it. Shared: one
+    /// allocation for both where they are the same file (most are), and one for every process
+    /// mapping the file (a busy host's thousands of short processes map the same few).
+    File { path: Arc<Path>, open: Arc<Path> },
     /// The kernel's vDSO.
     Vdso,
     /// Anonymous executable memory: JIT code, described by /tmp/perf-PID.map when the runtime
@@ -106,6 +110,9 @@ impl ProcessMaps {
             })
             .collect();
         mappings.sort_by_key(|m| m.start);
+        // Collected in place, into procfs's buffer of its own (bigger) entries: kept for the
+        // process table's life, for every process a busy host ran.
+        mappings.shrink_to_fit();
         let owner = std::fs::metadata(format!("/proc/{pid}")).ok().map(|meta| meta.uid());
         ProcessMaps { mappings, owner }
     }
@@ -167,13 +174,25 @@ fn file_backing(pid: u32, path: PathBuf, inode: u64, (start, end): (u64, u64)) -
     let text = path.to_string_lossy();
     if let Some(original) = text.strip_suffix(deleted_suffix) {
         return Backing::File {
-            path: PathBuf::from(original),
-            open: PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")),
+            path: interned(Path::new(original)),
+            open: PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")).into(),
         };
     }
     let same_file = std::fs::metadata(&path).is_ok_and(|meta| meta.ino() == inode);
-    let open = if same_file { path.clone() } else { in_process_root(pid, &path) };
-    Backing::File { path, open }
+    let open = if same_file { interned(&path) } else { in_process_root(pid, &path).into() };
+    Backing::File { path: interned(&path), open }
+}
+
+/// The one shared copy of `path` among every process's mappings.
+fn interned(path: &Path) -> Arc<Path> {
+    static PATHS: std::sync::Mutex<BTreeSet<Arc<Path>>> = std::sync::Mutex::new(BTreeSet::new());
+    let mut paths = PATHS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = paths.get(path) {
+        return known.clone();
+    }
+    let path: Arc<Path> = path.into();
+    paths.insert(path.clone());
+    path
 }
 
 fn in_process_root(pid: u32, path: &Path) -> PathBuf {
@@ -190,7 +209,7 @@ mod tests {
             start,
             end,
             file_offset: 0x1000,
-            backing: Backing::File { path: name.into(), open: name.into() },
+            backing: Backing::File { path: Path::new(name).into(), open: Path::new(name).into() },
         }
     }
 

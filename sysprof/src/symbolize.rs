@@ -347,7 +347,7 @@ impl Symbolizer {
             let module = mapping.module_name();
             match &mapping.backing {
                 Backing::File { open, .. } => {
-                    self.symbolize_file(open.clone(), mapping, &module, &addrs, &mut result)
+                    self.symbolize_file(open.to_path_buf(), mapping, &module, &addrs, &mut result)
                 }
                 Backing::Anonymous => {
                     let perf_map =
@@ -596,8 +596,8 @@ mod tests {
             end: 0x2000,
             file_offset: 0,
             backing: Backing::File {
-                path: "/nonexistent/libfoo.so".into(),
-                open: "/nonexistent/libfoo.so".into(),
+                path: std::path::Path::new("/nonexistent/libfoo.so").into(),
+                open: std::path::Path::new("/nonexistent/libfoo.so").into(),
             },
         }]);
         let frames = Symbolizer::new().user(1, Some(&maps), &[0x1234, 0x9000]);

@@ -161,7 +161,7 @@ pub fn rows(functions: &[ProbedFunction], calls: &[(CallKey, CallStats)], names:
 fn find_mapped(processes: &ProcessTable, version: u64, name: &str) -> Option<PathBuf> {
     processes.changed_since(version).find_map(|(_, record)| {
         record.maps.as_ref()?.mappings().iter().find_map(|mapping| match &mapping.backing {
-            Backing::File { path, open } if file_matches(path, name) => Some(open.clone()),
+            Backing::File { path, open } if file_matches(path, name) => Some(open.to_path_buf()),
             _ => None,
         })
     })

@@ -120,18 +120,18 @@ impl GpuTracer {
             let Some(maps) = &record.maps else { continue };
             for mapping in maps.mappings() {
                 let Backing::File { open, .. } = &mapping.backing else { continue };
-                if self.seen.contains(open) {
+                if self.seen.contains(&**open) {
                     continue;
                 }
-                self.seen.insert(open.clone());
+                self.seen.insert(open.to_path_buf());
                 match library_of(open) {
-                    Some(library) => found.push((library, open.clone())),
+                    Some(library) => found.push((library, open.to_path_buf())),
                     // An executable that links the runtime statically exports its API.
                     None if mapping.file_offset == 0
                         && !is_shared_library(open)
                         && links_cudart_statically(open) =>
                     {
-                        found.push((Library::Runtime, open.clone()))
+                        found.push((Library::Runtime, open.to_path_buf()))
                     }
                     None => {}
                 }

@@ -100,14 +100,14 @@ impl HeapTracer {
                     continue;
                 }
                 if let Some(allocator) = allocator_of(open) {
-                    found.push((pid, allocator, open.clone()));
+                    found.push((pid, allocator, open.to_path_buf()));
                 } else if mapping.file_offset == 0
                     && !is_shared_library(open)
                     && self.probes.exports(open).is_ok_and(|e| e.contains_key("malloc"))
                 {
                     // A program with its own allocator linked in (static binaries, jemalloc
                     // built into a server).
-                    found.push((pid, LINKED_IN, open.clone()));
+                    found.push((pid, LINKED_IN, open.to_path_buf()));
                 } else {
                     // Not an allocator: never looked at again.
                     self.done.insert((self.scope_pid(pid), file));

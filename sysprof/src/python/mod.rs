@@ -182,7 +182,7 @@ impl Python {
                 continue;
             }
             let interpreter =
-                self.files.entry(open.clone()).or_insert_with(|| match Interpreter::find(open) {
+                self.files.entry(open.to_path_buf()).or_insert_with(|| match Interpreter::find(open) {
                     Ok(found) => found,
                     Err(error) => {
                         self.summary.unsupported.push(format!("{}: {error:#}", path.display()));
@@ -195,7 +195,11 @@ impl Python {
                 interpreter.relocate(interpreter.code_type, mapping.start, mapping.file_offset)?;
             let mut entry = interpreter.walker;
             entry.interpreters_head += runtime;
-            return Some((Target { file: open.clone(), code_type, execs: 0 }, entry, interpreter.version));
+            return Some((
+                Target { file: open.to_path_buf(), code_type, execs: 0 },
+                entry,
+                interpreter.version,
+            ));
         }
         None
     }

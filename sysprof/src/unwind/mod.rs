@@ -274,7 +274,7 @@ impl Unwinder {
             if self.own_exe.as_ref().is_some_and(|own| {
                 maps.mappings()
                     .iter()
-                    .any(|m| matches!(&m.backing, Backing::File { path, .. } if path == own))
+                    .any(|m| matches!(&m.backing, Backing::File { path, .. } if **path == **own))
             }) {
                 continue;
             }
@@ -433,7 +433,7 @@ fn entry_for(
     for (slot, mapping) in entry.mappings.iter_mut().zip(mappings) {
         *slot = ExecMapping { start: mapping.start, end: mapping.end, ..ExecMapping::default() };
         let open = match &mapping.backing {
-            Backing::File { open, .. } => open.clone(),
+            Backing::File { open, .. } => open.to_path_buf(),
             Backing::Vdso => PathBuf::from(cache::VDSO),
             _ => continue,
         };
