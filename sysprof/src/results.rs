@@ -72,7 +72,14 @@ impl Results {
         // read later only for what this could not name.
         let kernel_addresses = maps.kernel_addresses();
         let maps = maps.into_contents();
-        let kernel_frames = probes.kernel_frames(&kernel_addresses).unwrap_or_default();
+        let kernel_frames = probes.kernel_frames(&kernel_addresses).unwrap_or_else(|error| {
+            // Said, not hidden: the names then come from parsing all of /proc/kallsyms, which
+            // costs megabytes and names nothing where kptr_restrict hides the addresses.
+            limitations.push(format!(
+                "kernel functions were named from /proc/kallsyms: the kernel's own lookup failed ({error:#})"
+            ));
+            Default::default()
+        });
         let stats_available = probes.stats_available();
         // After the read-out, so that none of the calibration's runs is in a figure.
         let (probe_cost_ns, heap_probe_cost_ns) =
