@@ -179,8 +179,9 @@ fn file_backing(pid: u32, path: PathBuf, inode: u64, (start, end): (u64, u64)) -
         };
     }
     let same_file = std::fs::metadata(&path).is_ok_and(|meta| meta.ino() == inode);
-    let open = if same_file { interned(&path) } else { in_process_root(pid, &path).into() };
-    Backing::File { path: interned(&path), open }
+    let open = if same_file { None } else { Some(in_process_root(pid, &path).into()) };
+    let path = interned(&path);
+    Backing::File { open: open.unwrap_or_else(|| path.clone()), path }
 }
 
 /// The one shared copy of `path` among every process's mappings.
