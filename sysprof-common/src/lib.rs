@@ -302,9 +302,15 @@ pub struct Config {
     /// them. 0 when unknown (the leader's exit then stands for the process's).
     pub task_signal_offset: u32,
     pub signal_live_offset: u32,
+    /// Byte offsets of `task_struct::mm` and of `mm_struct::context.vdso` (where the vDSO's
+    /// code is mapped, chosen anew at each exec): the unwinder takes a process's tables only
+    /// for the address space they were read from (`unwind::ProcessMappings::vdso`). 0 when
+    /// unknown (the tables are then taken as they are).
+    pub task_mm_offset: u32,
+    pub mm_vdso_offset: u32,
     pub _pad: u32,
 }
-shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 22 * 4);
+shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 24 * 4);
 
 /// Result recorded for a stack that could not be stored in the `STACKS` map.
 pub mod stack {

@@ -87,9 +87,16 @@ pub struct ProcessMappings {
     /// A digest of the entry (its mappings and their tables), which changes whenever a table
     /// comes in: a stack walked before is then walked again (see `sched.rs`).
     pub digest: u32,
+    /// Where the vDSO's code was mapped when the mappings were read, which a new program
+    /// gets anew (at random): an entry is walked with only by the address space it was read
+    /// from. Userspace may write an entry after the process exec'd, from mappings it read
+    /// before (a child's inherited from its parent at the fork, an exec's read before the
+    /// next exec of `env CMD`), and such an entry would unwind the new program with the old
+    /// one's tables until the exec's event is read. 0 when unknown: taken as it is.
+    pub vdso: u64,
     pub mappings: [ExecMapping; MAPPINGS_PER_PROCESS],
 }
-shared!(ProcessMappings, 8 + 32 * MAPPINGS_PER_PROCESS);
+shared!(ProcessMappings, 16 + 32 * MAPPINGS_PER_PROCESS);
 
 /// Frames kept per stack, as the kernel's stack maps keep (`perf_event_max_stack`).
 pub const MAX_FRAMES: usize = 127;

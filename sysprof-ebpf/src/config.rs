@@ -40,6 +40,8 @@ static mut CONFIG: Config = Config {
     switch_notes: 0,
     task_signal_offset: 0,
     signal_live_offset: 0,
+    task_mm_offset: 0,
+    mm_vdso_offset: 0,
     _pad: 0,
 };
 

@@ -152,6 +152,10 @@ pub extern "C" fn sysprof_walk_user_stack() -> i32 {
 fn walk_current() -> Option<i32> {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let mappings = PROCESS_MAPPINGS.get_ptr(tgid)?;
+    // SAFETY: a map value, valid for the program's run.
+    if !in_address_space_of(unsafe { (*mappings).vdso }) {
+        return None;
+    }
     let Some(regs) = user_registers() else { return Some(stack::NONE) };
     let scratch = SCRATCH.get_ptr_mut(0)?;
     let (mut python, mut new_code) = (0, false);
@@ -190,6 +194,28 @@ fn walk_current() -> Option<i32> {
         crate::events::emit(sysprof_common::process_event::PYTHON_STACK, tgid, 0, id as u32, 0);
     }
     Some(id)
+}
+
+/// Whether the current task runs in the address space whose vDSO is at `vdso` (see
+/// `ProcessMappings::vdso`): an entry read from another (the parent's, or the program's
+/// before an exec) is no entry, and the stack is the kernel's by frame pointers, as it is
+/// until userspace writes the new program's. Two loads, checked against the kernel's BTF
+/// types by the verifier (the offsets are constants to it), and no helper call.
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn in_address_space_of(vdso: u64) -> bool {
+    let config = crate::config::config();
+    if vdso == 0 || config.task_mm_offset == 0 || config.mm_vdso_offset == 0 {
+        return true;
+    }
+    // SAFETY: a BTF pointer to the current task, whose `mm` field and that struct's
+    // `context.vdso` are at these offsets (kernel BTF); the loads are made fault-safe.
+    unsafe {
+        let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf();
+        let mm: *const u8 = crate::target::task_field(task.cast(), config.task_mm_offset);
+        !mm.is_null()
+            && core::ptr::read_volatile(mm.add(config.mm_vdso_offset as usize).cast::<u64>()) == vdso
+    }
 }
 
 /// Drops a process's mappings (it exec'd or exited): its stacks are taken by frame pointers

@@ -42,6 +42,10 @@ pub struct TaskOffsets {
     /// begun to exit, which the exit program reads; 0 where unknown.
     pub signal: u32,
     pub signal_live: u32,
+    /// `mm` and `mm_struct::context.vdso`: which address space a task runs in, by where its
+    /// vDSO is (see `unwind::ProcessMappings::vdso`); 0 where unknown.
+    pub mm: u32,
+    pub mm_vdso: u32,
 }
 
 impl TaskOffsets {
@@ -67,6 +71,8 @@ impl TaskOffsets {
             start_boottime: btf.member_offset("task_struct", "start_boottime").unwrap_or(0),
             signal: btf.member_offset("task_struct", "signal").unwrap_or(0),
             signal_live: btf.member_offset("signal_struct", "live").unwrap_or(0),
+            mm: btf.member_offset("task_struct", "mm").unwrap_or(0),
+            mm_vdso: btf.member_offset("mm_struct", "context.vdso").unwrap_or(0),
         })
     }
 }
@@ -243,10 +249,19 @@ impl<'a> TypeIndex<'a> {
     }
 
     /// Byte offset of `field` in `struct name`, looking through anonymous structs and unions
-    /// (randomized layouts wrap fields in one).
+    /// (randomized layouts wrap fields in one); `field` may name a member of a member
+    /// (`context.vdso`).
     fn member_offset(&self, name: &str, field: &str) -> anyhow::Result<u32> {
         for id in self.structs_named(name) {
-            if let Some(bits) = self.find_member(id, field.as_bytes(), 0) {
+            let mut found = Some((0, id));
+            for part in field.split('.') {
+                found = found.and_then(|(bits, id)| {
+                    let (offset, member_type) =
+                        self.find_member(self.strip_qualifiers(id), part.as_bytes(), 0)?;
+                    Some((bits + offset, member_type))
+                });
+            }
+            if let Some((bits, _)) = found {
                 if bits % 8 != 0 {
                     bail!("{name}.{field} is a bitfield");
                 }
@@ -263,8 +278,8 @@ impl<'a> TypeIndex<'a> {
         })
     }
 
-    /// Bit offset of `field` in the struct or union `id`.
-    fn find_member(&self, id: u32, field: &[u8], depth: u32) -> Option<u32> {
+    /// Bit offset of `field` in the struct or union `id`, and the field's type.
+    fn find_member(&self, id: u32, field: &[u8], depth: u32) -> Option<(u32, u32)> {
         let record = self.record(id)?;
         if !(record.kind == KIND_STRUCT || record.kind == KIND_UNION) || depth > 8 {
             return None;
@@ -277,12 +292,13 @@ impl<'a> TypeIndex<'a> {
             let bits = if record.kind_flag { offset & 0xff_ffff } else { offset };
             let member_name = self.name(name_off);
             if member_name == field {
-                return Some(bits);
+                return Some((bits, member_type));
             }
             if member_name.is_empty()
-                && let Some(nested) = self.find_member(self.strip_qualifiers(member_type), field, depth + 1)
+                && let Some((nested, nested_type)) =
+                    self.find_member(self.strip_qualifiers(member_type), field, depth + 1)
             {
-                return Some(bits + nested);
+                return Some((bits + nested, nested_type));
             }
         }
         None
@@ -366,6 +382,39 @@ mod tests {
         assert!(offsets.exec_runtime > 0 && offsets.exec_runtime.is_multiple_of(8));
         // A u64 (since 5.5), after the monotonic start_time beside it.
         assert!(offsets.start_boottime > 0 && offsets.start_boottime.is_multiple_of(8));
+        // Pointers: the task's `mm`, and its vDSO's address two structs down in the mm.
+        assert!(offsets.mm > 0 && offsets.mm.is_multiple_of(8));
+        assert!(offsets.mm_vdso > 0 && offsets.mm_vdso.is_multiple_of(8));
+    }
+
+    /// A member of a member (`mm_struct::context.vdso`, through the typedef `mm_context_t`)
+    /// is where btf-rs finds it.
+    #[test]
+    fn a_nested_member_is_where_btf_rs_finds_it() {
+        let Some(path) = running_kernel_btf() else { return };
+        let bytes = std::fs::read(&path).unwrap();
+        let theirs = btf_rs::Btf::from_bytes(&bytes).unwrap();
+        let layout = |name: &str| {
+            let types = theirs.resolve_types_by_name(name).unwrap();
+            let found = types.into_iter().find_map(|t| match t {
+                btf_rs::Type::Struct(s) => Some(s),
+                btf_rs::Type::Typedef(typedef) => match theirs.resolve_chained_type(&typedef) {
+                    Ok(btf_rs::Type::Struct(s)) => Some(s),
+                    _ => None,
+                },
+                _ => None,
+            });
+            found.unwrap_or_else(|| panic!("no struct {name}"))
+        };
+        let bits_of = |name: &str, field: &str| {
+            let mut fields = Vec::new();
+            named_fields(&theirs, &layout(name), 0, &mut fields);
+            fields.into_iter().find(|(f, _)| f == field).unwrap_or_else(|| panic!("no {name}.{field}")).1
+        };
+        let expected = (bits_of("mm_struct", "context") + bits_of("mm_context_t", "vdso")) / 8;
+        let offsets = TaskOffsets::from_btf(&path).unwrap();
+        assert_eq!(offsets.mm_vdso, expected);
+        assert_eq!(offsets.mm * 8, bits_of("task_struct", "mm"));
     }
 
     /// The walk agrees with btf-rs, a general BTF parser, on every named field of structs
@@ -415,7 +464,7 @@ mod tests {
 
     impl TypeIndex<'_> {
         fn find_member_in_struct(&self, name: &str, field: &str) -> Option<u32> {
-            self.structs_named(name).find_map(|id| self.find_member(id, field.as_bytes(), 0))
+            self.structs_named(name).find_map(|id| Some(self.find_member(id, field.as_bytes(), 0)?.0))
         }
     }
 

@@ -179,6 +179,8 @@ fn kernel_config(
         switch_notes: 0,
         task_signal_offset: offsets.signal,
         signal_live_offset: offsets.signal_live,
+        task_mm_offset: offsets.mm,
+        mm_vdso_offset: offsets.mm_vdso,
         _pad: 0,
     };
     for family in families::enabled(props) {

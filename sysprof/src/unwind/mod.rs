@@ -268,9 +268,9 @@ impl Unwinder {
                 continue;
             }
             let Some(maps) = &record.maps else { continue };
-            // A fork of sysprof's own (a command at its gate, before its exec): its maps are
-            // sysprof's, and an entry written from them could land after the exec cleared the
-            // old one (the exec event may not be read yet), walking the new program with them.
+            // A fork of sysprof's own (a command at its gate, before its exec) runs sysprof's
+            // code for no sample's sake: an entry would have the table of sysprof's own binary
+            // built, for nothing.
             if self.own_exe.as_ref().is_some_and(|own| {
                 maps.mappings()
                     .iter()
@@ -428,6 +428,7 @@ fn entry_for(
     let mut entry = Box::new(ProcessMappings {
         count: 0,
         digest: 0,
+        vdso: 0,
         mappings: [ExecMapping::default(); MAPPINGS_PER_PROCESS],
     });
     for (slot, mapping) in entry.mappings.iter_mut().zip(mappings) {
@@ -455,6 +456,11 @@ fn entry_for(
     }
     entry.count = mappings.len().min(MAPPINGS_PER_PROCESS) as u32;
     entry.digest = digest(&entry.mappings[..entry.count as usize]);
+    // The maps' own vDSO (in the digest as a mapping): an entry is the address space's it
+    // was read from, which the kernel side checks. A child's inherited maps are its parent's
+    // until it execs; one written after it did, from them, is then no entry (the kernel's
+    // frame pointers) rather than the parent's tables walking the new program.
+    entry.vdso = mappings.iter().find(|m| matches!(m.backing, Backing::Vdso)).map_or(0, |m| m.start);
     entry
 }
 
