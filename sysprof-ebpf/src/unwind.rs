@@ -199,8 +199,9 @@ fn walk_current() -> Option<i32> {
 /// Whether the current task runs in the address space whose vDSO is at `vdso` (see
 /// `ProcessMappings::vdso`): an entry read from another (the parent's, or the program's
 /// before an exec) is no entry, and the stack is the kernel's by frame pointers, as it is
-/// until userspace writes the new program's. Two loads, checked against the kernel's BTF
-/// types by the verifier (the offsets are constants to it), and no helper call.
+/// until userspace writes the new program's. The current task's `mm->context.vdso`: two loads
+/// the verifier checks against the kernel's BTF types (the offsets are constants to it), no
+/// bpf_probe_read_kernel.
 #[cfg(bpf_target_arch = "x86_64")]
 #[inline(always)]
 fn in_address_space_of(vdso: u64) -> bool {

@@ -143,7 +143,12 @@ impl Python {
             match self.written.get(&pid) {
                 Some(target) if target.execs == record.execs => continue,
                 Some(_) => {
+                    // It exec'd. The kernel dropped the entry then, unless this one was written
+                    // after (from its parent's maps, read at a fork just before): one left
+                    // would have every stack of the new program walked as Python's, with the
+                    // old interpreter's addresses. Written again below if it is Python still.
                     self.written.remove(&pid);
+                    let _ = entries.remove(&pid);
                 }
                 None => {}
             }
