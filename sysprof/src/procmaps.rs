@@ -63,6 +63,9 @@ pub struct ProcessMaps {
     /// The process's user when its maps were read: whose files in /tmp (perf maps) it may
     /// have written.
     owner: Option<u32>,
+    /// Where the vDSO's code is in the latest read (see [`ProcessMaps::vdso`]); not saved.
+    #[serde(skip)]
+    vdso: u64,
 }
 
 impl ProcessMaps {
@@ -114,7 +117,8 @@ impl ProcessMaps {
         // process table's life, for every process a busy host ran.
         mappings.shrink_to_fit();
         let owner = std::fs::metadata(format!("/proc/{pid}")).ok().map(|meta| meta.uid());
-        ProcessMaps { mappings, owner }
+        let vdso = vdso_of(&mappings);
+        ProcessMaps { mappings, owner, vdso }
     }
 
     /// The process's user (see the field).
@@ -125,7 +129,16 @@ impl ProcessMaps {
     /// From mappings given directly (tests, and processes whose maps were read elsewhere).
     pub fn from_mappings(mut mappings: Vec<Mapping>) -> Self {
         mappings.sort_by_key(|m| m.start);
-        ProcessMaps { mappings, owner: None }
+        let vdso = vdso_of(&mappings);
+        ProcessMaps { mappings, owner: None, vdso }
+    }
+
+    /// Where the vDSO's code is mapped as of the latest read, 0 when it has none: what the
+    /// address space is known by (a new program's is chosen at its exec). Not the kept
+    /// mappings' (see `merge_later`): after an exec sysprof did not hear of, they hold the old
+    /// program's vDSO beside the new one's.
+    pub fn vdso(&self) -> u64 {
+        self.vdso
     }
 
     pub fn is_empty(&self) -> bool {
@@ -156,7 +169,12 @@ impl ProcessMaps {
         merged.sort_by_key(|m| m.start);
         self.mappings = merged;
         self.owner = later.owner.or(self.owner);
+        self.vdso = later.vdso;
     }
+}
+
+fn vdso_of(mappings: &[Mapping]) -> u64 {
+    mappings.iter().find(|m| matches!(m.backing, Backing::Vdso)).map_or(0, |m| m.start)
 }
 
 /// The lines of a maps file whose mappings are executable (`r-xp`: the third permission).
@@ -226,6 +244,19 @@ mod tests {
         assert!(maps.find(0x0fff).is_none());
         assert_eq!(maps.find(0x3abc).unwrap().module_name(), "b.so");
         assert_eq!(maps.find(0x3abc).unwrap().file_offset_of(0x3abc), 0x1abc);
+    }
+
+    /// An exec sysprof did not hear of: the old program's mappings are kept beside the new
+    /// one's, but the address space is the new one's, known by its vDSO.
+    #[test]
+    fn the_vdso_is_that_of_the_latest_read() {
+        let vdso = |start| Mapping { start, end: start + 0x2000, file_offset: 0, backing: Backing::Vdso };
+        let mut maps = ProcessMaps::from_mappings(vec![mapping(0x1000, 0x2000, "/bin/a"), vdso(0x9000)]);
+        assert_eq!(maps.vdso(), 0x9000);
+        maps.merge_later(ProcessMaps::from_mappings(vec![mapping(0x3000, 0x4000, "/bin/b"), vdso(0x7000)]));
+        assert_eq!(maps.mappings().len(), 4);
+        assert_eq!(maps.vdso(), 0x7000);
+        assert_eq!(ProcessMaps::from_mappings(vec![mapping(0x1000, 0x2000, "/bin/a")]).vdso(), 0);
     }
 
     #[test]

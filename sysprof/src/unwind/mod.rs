@@ -281,7 +281,12 @@ impl Unwinder {
             if maps.mappings().len() > MAPPINGS_PER_PROCESS {
                 self.crowded.insert(pid);
             }
-            let entry = entry_for(&mut self.files, self.requests.as_ref(), maps.mappings());
+            let mut entry = entry_for(&mut self.files, self.requests.as_ref(), maps.mappings());
+            // The address space the maps were read from, which the kernel side checks: a
+            // child's inherited maps are its parent's until it execs, and an entry written from
+            // them after it did is then no entry (the kernel's frame pointers), not the
+            // parent's tables walking the new program.
+            entry.vdso = maps.vdso();
             let signature = signature(&entry);
             if self.written.get(&pid) == Some(&signature) {
                 continue;
@@ -456,11 +461,7 @@ fn entry_for(
     }
     entry.count = mappings.len().min(MAPPINGS_PER_PROCESS) as u32;
     entry.digest = digest(&entry.mappings[..entry.count as usize]);
-    // The maps' own vDSO (in the digest as a mapping): an entry is the address space's it
-    // was read from, which the kernel side checks. A child's inherited maps are its parent's
-    // until it execs; one written after it did, from them, is then no entry (the kernel's
-    // frame pointers) rather than the parent's tables walking the new program.
-    entry.vdso = mappings.iter().find(|m| matches!(m.backing, Backing::Vdso)).map_or(0, |m| m.start);
+
     entry
 }
 
@@ -502,6 +503,7 @@ fn interpreter(program: &std::path::Path) -> Option<PathBuf> {
 /// What an entry was written from: its mappings and their tables.
 fn signature(entry: &ProcessMappings) -> u64 {
     let mut hasher = DefaultHasher::new();
+    entry.vdso.hash(&mut hasher);
     for mapping in &entry.mappings[..entry.count as usize] {
         (mapping.start, mapping.end, mapping.bias, mapping.first_row, mapping.rows).hash(&mut hasher);
     }
