@@ -152,11 +152,13 @@ pub extern "C" fn sysprof_walk_user_stack() -> i32 {
 fn walk_current() -> Option<i32> {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let mappings = PROCESS_MAPPINGS.get_ptr(tgid)?;
+    // SAFETY: plain helper call.
+    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() };
     // SAFETY: a map value, valid for the program's run.
-    if !in_address_space_of(unsafe { (*mappings).vdso }) {
+    if !in_address_space_of(task, unsafe { (*mappings).vdso }) {
         return None;
     }
-    let Some(regs) = user_registers() else { return Some(stack::NONE) };
+    let Some(regs) = registers_of(task) else { return Some(stack::NONE) };
     let scratch = SCRATCH.get_ptr_mut(0)?;
     let (mut python, mut new_code) = (0, false);
     {
@@ -204,7 +206,7 @@ fn walk_current() -> Option<i32> {
 /// bpf_probe_read_kernel.
 #[cfg(bpf_target_arch = "x86_64")]
 #[inline(always)]
-fn in_address_space_of(vdso: u64) -> bool {
+fn in_address_space_of(task: *mut aya_ebpf::bindings::task_struct, vdso: u64) -> bool {
     let config = crate::config::config();
     if vdso == 0 || config.task_mm_offset == 0 || config.mm_vdso_offset == 0 {
         return true;
@@ -212,7 +214,6 @@ fn in_address_space_of(vdso: u64) -> bool {
     // SAFETY: a BTF pointer to the current task, whose `mm` field and that struct's
     // `context.vdso` are at these offsets (kernel BTF); the loads are made fault-safe.
     unsafe {
-        let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf();
         let mm: *const u8 = crate::target::task_field(task.cast(), config.task_mm_offset);
         !mm.is_null()
             && core::ptr::read_volatile(mm.add(config.mm_vdso_offset as usize).cast::<u64>()) == vdso
@@ -395,16 +396,20 @@ const REG_SP: usize = 19;
 /// call, a fault, a uprobe), or `None` for a kernel thread.
 #[inline(always)]
 fn user_registers() -> Option<Registers> {
-    // SAFETY: plain helper calls. The helper's result is a BTF pointer to the `pt_regs` at the
-    // top of the task's kernel stack: the verifier checks each load against that struct's
-    // fields and makes it fault-safe, so no copy through bpf_probe_read_kernel is needed (one
-    // helper call less on every switch and sample).
+    // SAFETY: plain helper call.
+    registers_of(unsafe { aya_ebpf::helpers::generated::bpf_get_current_task_btf() })
+}
+
+/// [`user_registers`] of `task`, the current task's BTF pointer (a caller that has it already
+/// asks the helper once).
+#[inline(always)]
+fn registers_of(task: *mut aya_ebpf::bindings::task_struct) -> Option<Registers> {
+    // SAFETY: plain helper call. Its result is a BTF pointer to the `pt_regs` at the top of
+    // the task's kernel stack: the verifier checks each load against that struct's fields and
+    // makes it fault-safe, so no copy through bpf_probe_read_kernel is needed (one helper call
+    // less on every switch and sample).
     let slot = |regs: *const u64, index: usize| unsafe { core::ptr::read_volatile(regs.add(index)) };
-    let regs = unsafe {
-        aya_ebpf::helpers::generated::bpf_task_pt_regs(
-            aya_ebpf::helpers::generated::bpf_get_current_task_btf(),
-        ) as *const u64
-    };
+    let regs = unsafe { aya_ebpf::helpers::generated::bpf_task_pt_regs(task) as *const u64 };
     if regs.is_null() {
         return None;
     }

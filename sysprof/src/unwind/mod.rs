@@ -29,7 +29,7 @@ use sysprof_common::unwind::{
 
 use crate::{
     probes::Probes,
-    procmaps::{Backing, Mapping},
+    procmaps::{Backing, ProcessMaps},
     procs::ProcessTable,
 };
 
@@ -281,12 +281,7 @@ impl Unwinder {
             if maps.mappings().len() > MAPPINGS_PER_PROCESS {
                 self.crowded.insert(pid);
             }
-            let mut entry = entry_for(&mut self.files, self.requests.as_ref(), maps.mappings());
-            // The address space the maps were read from, which the kernel side checks: a
-            // child's inherited maps are its parent's until it execs, and an entry written from
-            // them after it did is then no entry (the kernel's frame pointers), not the
-            // parent's tables walking the new program.
-            entry.vdso = maps.vdso();
+            let entry = entry_for(&mut self.files, self.requests.as_ref(), maps);
             let signature = signature(&entry);
             if self.written.get(&pid) == Some(&signature) {
                 continue;
@@ -428,12 +423,17 @@ fn write_mapped(fd: std::os::fd::BorrowedFd<'_>, offset: usize, bytes: &[u8]) ->
 fn entry_for(
     files: &mut HashMap<PathBuf, FileState>,
     requests: Option<&mpsc::Sender<PathBuf>>,
-    mappings: &[Mapping],
+    maps: &ProcessMaps,
 ) -> Box<ProcessMappings> {
+    let mappings = maps.mappings();
     let mut entry = Box::new(ProcessMappings {
         count: 0,
         digest: 0,
-        vdso: 0,
+        // The address space the maps were read from, which the kernel side checks: a child's
+        // inherited maps are its parent's until it execs, and an entry written from them after
+        // it did is then no entry (the kernel's frame pointers), not the parent's tables
+        // walking the new program.
+        vdso: maps.vdso(),
         mappings: [ExecMapping::default(); MAPPINGS_PER_PROCESS],
     });
     for (slot, mapping) in entry.mappings.iter_mut().zip(mappings) {
@@ -461,7 +461,6 @@ fn entry_for(
     }
     entry.count = mappings.len().min(MAPPINGS_PER_PROCESS) as u32;
     entry.digest = digest(&entry.mappings[..entry.count as usize]);
-
     entry
 }
 
