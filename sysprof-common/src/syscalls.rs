@@ -68,7 +68,11 @@ pub struct InFlight {
     pub active: u32,
     /// 1 when timed from the moment it blocked rather than from entry.
     pub from_block: u32,
-    pub _pad: u32,
+    /// In the CPU's slot (`SyscallSlot::call`) only, where it outlives the call: in a burst,
+    /// the calls left to go untimed before the next timed one, drawn at random after each
+    /// timed call. Here, not in the slot's own fields, as the slot's size is that of the saved
+    /// read-outs. Meaningless in a parked call.
+    pub untimed_left: u32,
     /// The first three arguments, for the address-space syscalls only (else zero).
     pub args: [u64; 3],
 }
