@@ -91,8 +91,8 @@ pub mod names {
     /// Array of one [`crate::TraceWindow`]: when the trace started (the command's release, or
     /// the end of the attach) and when it ended (before the read-out), each set by userspace
     /// then. The programs count only between them, so the figures cover the trace's elapsed
-    /// time and no more.
-    pub const TRACE_WINDOW: &str = "TRACE_WINDOW";
+    /// time and no more. A global of the programs' (aya names its map by its section).
+    pub const TRACE_WINDOW: &str = ".data.window";
     /// Array of two u32s: the launched command's pid while it is to be held at its loader,
     /// and while it is held there (see [`crate::loader`]).
     pub const LOADER_GATE: &str = "LOADER_GATE";
@@ -220,9 +220,7 @@ pub mod filter {
     pub const CGROUP: u32 = 2;
 }
 
-/// The trace's window (`names::TRACE_WINDOW`), in CLOCK_MONOTONIC ns, each 0 until set. One
-/// value, not two entries: the programs that test it take one map lookup, not two (a syscall's
-/// exit tests it on every call).
+/// The trace's window (`names::TRACE_WINDOW`), in CLOCK_MONOTONIC ns, each 0 until set.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceWindow {

@@ -4,17 +4,23 @@
 //! or a read-out that a saturated machine stretches to seconds adds no samples, switches or
 //! calls (samples stay within frequency x CPUs x duration).
 
-use aya_ebpf::{macros::map, maps::Array};
 use sysprof_common::TraceWindow;
 
-/// The window, 0s until set (see `sysprof_common::names::TRACE_WINDOW`).
-#[map]
-pub static TRACE_WINDOW: Array<TraceWindow> = Array::with_max_entries(1, 0);
+/// The window, 0s until set (see `sysprof_common::names::TRACE_WINDOW`). A global in a
+/// writable data section of its own, which aya loads as a one-entry array map: the programs
+/// read it at a constant address, where a map's lookup costs its call sequence and a bounds
+/// test (ten instructions; a syscall's exit reads it on every call). `mut`, exported: to the
+/// compiler it may change behind the program's back, so every read is a load (see config.rs).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = ".data.window")]
+static mut TRACE_WINDOW: TraceWindow = TraceWindow { start_ns: 0, end_ns: 0 };
 
 /// When the trace started (0 before), unless it has ended (its read-out may be under way).
 #[inline(always)]
 pub fn start_unless_closed() -> Option<u64> {
-    let window = TRACE_WINDOW.get(0)?;
+    // SAFETY: a plain read of the global; userspace writes it whole, and a program that sees
+    // one half of a write sees the window opening or closing as it happens.
+    let window = unsafe { &*(&raw const TRACE_WINDOW) };
     (window.end_ns == 0).then_some(window.start_ns)
 }
 
