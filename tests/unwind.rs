@@ -300,12 +300,15 @@ fn a_table_that_does_not_fit_is_named_in_the_report() {
 #[ignore = "needs root: loads BPF programs"]
 fn a_new_program_is_never_walked_with_its_parents_tables() {
     let Some(_guard) = root_guard("a_new_program_is_never_walked_with_its_parents_tables") else { return };
-    // 200 programs in turn, each sleeping 5 ms in sleep_in_named_function as it starts (built
-    // with frame pointers: a stack walked by them reaches main), beside a burner on every CPU:
+    // 200 programs in turn, each sleeping in sleep_in_named_function as it starts (built with
+    // frame pointers: a stack walked by them reaches main), beside a burner on every CPU:
     // sysprof preempted between reading the fork and writing the entry is what makes the
-    // write late (before the fix, 2 runs in 5 had a sleep without main).
+    // write late (before the fix, 2 runs in 5 had a sleep without main, with 5 ms sleeps).
+    // 25 ms, not 5: the race is at the start, whatever the sleep's length, and a program that
+    // lives 5 ms may be gone before sysprof reads its maps (an exec waits up to 5 ms to be
+    // read, `EXEC_WAKEUP_GAP_NS`), which leaves its frames unnamed: 1 run in 15 here.
     let script = format!(
-        "{} 3 $(nproc) & for i in $(seq 200); do {} sleep 1 5; done; wait",
+        "{} 6 $(nproc) & for i in $(seq 200); do {} sleep 1 25; done; wait",
         workload("busy").display(),
         workload("sysload").display()
     );
@@ -319,7 +322,7 @@ fn a_new_program_is_never_walked_with_its_parents_tables() {
         .collect();
     let slept: u64 = sleeps.iter().map(|(_, n)| n).sum();
     // offcpu.folded is weighted in microseconds.
-    assert!(slept >= 200 * 5_000, "the 200 sleeps came to {slept} us: {folded:?}");
+    assert!(slept >= 200 * 25_000, "the 200 sleeps came to {slept} us: {folded:?}");
     for (frames, n) in &sleeps {
         assert!(frames.iter().any(|f| f == "main"), "{n} us of sleep without main: {frames:?}");
     }
