@@ -46,7 +46,8 @@ pub use self::{
     process::{ProcessEvent, process_event},
     sched::{OffCpuKey, OffCpuValue, TASK_REPORT_MAX, ThreadSched, WakeKey},
     syscalls::{
-        InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats,
+        CpuState, InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot,
+        SyscallStats,
     },
 };
 
@@ -73,12 +74,14 @@ pub mod names {
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
     /// Hash: [`crate::SyscallKey`] -> [`crate::SyscallStats`].
     pub const SYSCALLS: &str = "SYSCALLS";
-    /// Per-CPU array of one `u64`: the `pid_tgid` of the task on the CPU as the switch program
-    /// noted it, with its verdict on the task (outside the target set or not). Zeroed by
-    /// userspace when the set grows.
-    pub const ON_CPU: &str = "ON_CPU";
-    /// Per-CPU array of one [`crate::SyscallSlot`].
-    pub const SYSCALL_SLOT: &str = "SYSCALL_SLOT";
+    /// Per-CPU array of one [`crate::CpuState`]: the note of the task on the CPU (its
+    /// `pid_tgid` as the switch program saw it arrive, with the verdict on it) and the syscall
+    /// programs' slot.
+    pub const CPU_STATE: &str = "CPU_STATE";
+    /// Global `u32`: the notes' epoch. A note made in an earlier one is no note: userspace
+    /// moves it on when the target set changes, as a verdict is only as new as the switch that
+    /// made it.
+    pub const NOTES_EPOCH: &str = ".data.notes";
     /// Hash: [`crate::SyscallErrorKey`] -> count of failed calls.
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
     /// Array: syscall number -> [`crate::SyscallStats`] of the calls of every process

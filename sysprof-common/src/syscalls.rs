@@ -68,11 +68,7 @@ pub struct InFlight {
     pub active: u32,
     /// 1 when timed from the moment it blocked rather than from entry.
     pub from_block: u32,
-    /// In the CPU's slot (`SyscallSlot::call`) only, where it outlives the call: in a burst,
-    /// the calls left to go untimed before the next timed one, drawn at random after each
-    /// timed call. Here, not in the slot's own fields, as the slot's size is that of the saved
-    /// read-outs. Meaningless in a parked call.
-    pub untimed_left: u32,
+    pub _pad: u32,
     /// The first three arguments, for the address-space syscalls only (else zero).
     pub args: [u64; 3],
 }
@@ -87,10 +83,30 @@ pub struct SyscallSlot {
     pub tid: u32,
     /// Calls the thread made since it last got this CPU.
     pub stretch_calls: u32,
+    /// In a burst, the calls left to go untimed before the next timed one: drawn at random
+    /// after each timed call.
+    pub untimed_left: u32,
+    pub _pad: u32,
     pub call: InFlight,
     pub pending: [PendingCount; PENDING_COUNTS],
 }
-shared!(SyscallSlot, 8 + 56 + 24 * PENDING_COUNTS);
+shared!(SyscallSlot, 16 + 56 + 24 * PENDING_COUNTS);
+
+/// Each CPU's state, kept by its programs in one per-CPU map (`names::CPU_STATE`): the note of
+/// the task on it (see the BPF side's `target.rs`) and the syscall programs' slot. One value, so
+/// that a syscall's two programs find both with one lookup each: a per-CPU map's lookup costs
+/// a program about 2 ns (kernel statistics on a getppid loop).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuState {
+    /// The current task's `pid_tgid`, with the marks of the verdict on it.
+    pub note: u64,
+    /// The notes' epoch (`names::NOTES_EPOCH`) the note was made in.
+    pub note_epoch: u32,
+    pub _pad: u32,
+    pub syscall: SyscallSlot,
+}
+shared!(CpuState, 16 + size_of::<SyscallSlot>());
 
 /// Key of the failed-call counts: one errno of one syscall of one process.
 #[repr(C)]

@@ -26,6 +26,7 @@ mod loader;
 mod maps;
 mod memory;
 mod nesting;
+mod on_cpu;
 mod process;
 mod python;
 mod sched;

@@ -5,9 +5,10 @@
 //! - the call in flight lives in a per-CPU slot (an inlined array access), not in a per-thread
 //!   map; a thread that leaves the CPU mid-call has it parked in its task local storage by the
 //!   context-switch program, so blocking calls are timed like any other;
-//! - the current task's ids come from a per-CPU slot the switch program fills, and whether its
+//! - the current task's ids come from a per-CPU note the switch program writes, and whether its
 //!   process is a target from one bit of an array (`target.rs`): no helper call, no hash map,
-//!   for the calls of every other process on the machine;
+//!   for the calls of every other process on the machine. The note and the slot are one
+//!   per-CPU value (`on_cpu.rs`), found with one lookup;
 //! - counts of untimed calls and of their failures, and failures by errno, add up in a small
 //!   per-CPU cache (`PendingCount`, 16 entries keyed by syscall number) and reach the shared
 //!   maps when an entry is evicted; userspace adds what is still pending at the end. A loop of
@@ -25,7 +26,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap},
     programs::BtfTracePointContext,
 };
 use sysprof_common::{
@@ -35,8 +36,8 @@ use sysprof_common::{
 };
 
 use crate::{
-    atomic, config::config, counters, histogram::record_weighted, memory, target, task_state::TASK_STATE,
-    timeline, window,
+    atomic, config::config, counters, histogram::record_weighted, memory, on_cpu, target,
+    task_state::TASK_STATE, timeline, window,
 };
 
 /// Preallocated (22 MB of kernel memory for 16,384 entries): a map that allocates at insert
@@ -61,10 +62,6 @@ static SYSCALLS_BY_NR: Array<SyscallStats> = Array::with_max_entries(capacity::S
 #[map]
 static ZERO_SYSCALL_STATS: Array<SyscallStats> = Array::with_max_entries(1, 0);
 
-/// The call in flight on each CPU, and how many calls its thread made in this stretch.
-#[map]
-static SYSCALL_SLOT: PerCpuArray<Slot> = PerCpuArray::with_max_entries(1, 0);
-
 /// Highest errno a syscall returns (-4095..-1 are errors).
 const MAX_ERRNO: i64 = 4095;
 
@@ -78,13 +75,12 @@ const MAX_ERRNO: i64 = 4095;
 /// programs from 52 to 38 ns a getppid over empty ones (`cargo xtask bench syscalls`).
 #[btf_tracepoint(function = "sys_enter")]
 pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
-    let Some(pid_tgid) = target::current_target() else { return 0 };
+    // The CPU's note and slot with one lookup (see `on_cpu.rs`).
+    let Some(state) = on_cpu::state() else { return 0 };
+    let Some(pid_tgid) = target::current_target_in(state) else { return 0 };
     let tgid = (pid_tgid >> 32) as u32;
-    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
-        return 0;
-    };
     // SAFETY: the per-CPU slot is only used by programs on this CPU, which do not nest.
-    let slot = unsafe { &mut *slot };
+    let slot = unsafe { &mut (*state).syscall };
     let nr = ctx.arg::<i64>(1) as u32;
     if nr == config().nr_exit || nr == config().nr_exit_group {
         // It never returns: counted now, with no latency.
@@ -136,7 +132,7 @@ fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
         return (true, 1);
     }
     let every = config().syscall_sample_every.max(1);
-    let untimed_left = &mut slot.call.untimed_left;
+    let untimed_left = &mut slot.untimed_left;
     if *untimed_left != 0 {
         *untimed_left -= 1;
         return (false, every);
@@ -149,13 +145,11 @@ fn timing(slot: &mut Slot, tid: u32) -> (bool, u32) {
 /// `sys_exit(struct pt_regs *regs, long ret)`
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
-    let Some(pid_tgid) = target::current_unless_outside() else { return 0 };
+    let Some(state) = on_cpu::state() else { return 0 };
+    let Some(pid_tgid) = target::current_unless_outside(state) else { return 0 };
     let tid = pid_tgid as u32;
-    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
-        return 0;
-    };
     // SAFETY: as in syscall_enter.
-    let slot = unsafe { &mut *slot };
+    let slot = unsafe { &mut (*state).syscall };
     let call: *mut InFlight = if slot.call.active != 0 && slot.tid == tid {
         &raw mut slot.call
     } else {
@@ -207,11 +201,11 @@ const PROT_EXEC: u64 = 4;
 /// that was not sampled is timed from here: it blocked, so it is slow.
 #[inline(always)]
 pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct) {
-    let Some(slot) = SYSCALL_SLOT.get_ptr_mut(0) else {
+    let Some(state) = on_cpu::state() else {
         return;
     };
     // SAFETY: as in syscall_enter.
-    let slot = unsafe { &mut *slot };
+    let slot = unsafe { &mut (*state).syscall };
     if slot.tid != tid {
         return;
     }

@@ -6,13 +6,14 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, PerCpuArray},
 };
-use sysprof_common::{Config, Counter, filter};
+use sysprof_common::{Config, Counter, CpuState, filter};
 
 use crate::{
     atomic,
     config::config,
     counters,
     maps::{TARGET_BITS, TARGETS},
+    on_cpu,
     task_state::{NOT_TARGET, TARGET, TaskState},
 };
 
@@ -82,19 +83,37 @@ pub fn task_field<T: Copy>(task: *const task_struct, offset: u32) -> T {
     unsafe { core::ptr::read_volatile(task.cast::<u8>().add(offset as usize).cast::<T>()) }
 }
 
-/// The `pid_tgid` of the task running on each CPU, as the switch program saw it arrive (0 until
-/// then, and for the idle task; marked for a task whose leaving the kernel may not show: see
-/// `HIDDEN`), with the switch's verdict on it under `--pid` (`OUTSIDE`): the syscall programs,
-/// which every process on the machine runs twice per call, read it with an inlined per-CPU load
-/// instead of calling a helper, which on this kind of host (a VM, return thunks against
-/// speculation) costs more than the rest of the test, and another process's call ends there.
-/// `current` changes only at a switch, with interrupts off from the tracepoint to the switch
-/// itself, so no event runs in between. Userspace zeroes it (`Probes::forget_switch_notes`)
-/// when it adds a target: a verdict is only as new as the switch that made it. Read only when
-/// the switch program runs (`Config::switch_notes`): without it, the note an exec writes
-/// (`renote_current`) would stay on its CPU for whatever task ran there next.
-#[map]
-static ON_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+// Each CPU's note (`CpuState::note`, in `on_cpu.rs`): the `pid_tgid` of the task running on
+// it, as the switch program saw it arrive (0 until then, and for the idle task; marked for a
+// task whose leaving the kernel may not show: see `HIDDEN`), with the switch's verdict on it
+// under `--pid` (`OUTSIDE`). The syscall programs, which every process on the machine runs
+// twice per call, read it with an inlined per-CPU load instead of calling a helper, which on
+// this kind of host (a VM, return thunks against speculation) costs more than the rest of the
+// test, and another process's call ends there. `current` changes only at a switch, with
+// interrupts off from the tracepoint to the switch itself, so no event runs in between. A note
+// is only as new as the switch that made it: userspace moves the notes' epoch on when it
+// changes the target set (`Probes::forget_switch_notes`), and a note of an earlier epoch reads
+// as none. Read only when the switch program runs (`Config::switch_notes`): without it, the
+// note an exec writes (`renote_current`) would stay on its CPU for whatever task ran there next.
+
+/// This CPU's note in `state`, 0 (none) when it was made in an earlier epoch.
+#[inline(always)]
+fn note_in(state: *const CpuState) -> u64 {
+    // SAFETY: this CPU's state, valid for the program's run.
+    let state = unsafe { &*state };
+    if state.note_epoch == on_cpu::notes_epoch() { state.note } else { 0 }
+}
+
+/// Writes this CPU's note in `state`, of `epoch` (read before the verdict in it was made: a
+/// change of the target set after that read moves the epoch on, and the note reads as none).
+#[inline(always)]
+fn write_note(state: *mut CpuState, note: u64, epoch: u32) {
+    // SAFETY: this CPU's state; only the switch and exec programs write the note, and they do
+    // not nest.
+    let state = unsafe { &mut *state };
+    state.note = note;
+    state.note_epoch = epoch;
+}
 
 /// Processes whose own events the kernel hides from tracing, learned from the switches that
 /// showed one arriving and never leaving (0: empty). Sandboxes do this to their agent: in a
@@ -122,15 +141,15 @@ const HIDDEN_NOTE: u64 = 1 << 63;
 const OUTSIDE: u64 = 1 << 62;
 
 /// The current task's `pid_tgid` (tid in the low half, tgid in the high half), or `None` when
-/// the switch that brought it here found it outside the target set.
+/// the switch that brought it here found it outside the target set; `state` is this CPU's.
 #[inline(always)]
-pub fn current_unless_outside() -> Option<u64> {
+pub fn current_unless_outside(state: *const CpuState) -> Option<u64> {
     if config().switch_notes == 0 {
         return Some(bpf_get_current_pid_tgid());
     }
-    match ON_CPU.get(0) {
+    match note_in(state) {
         // Neither empty (0) nor a hidden task's (the sign bit): one signed comparison.
-        Some(&known) if (known as i64) > 0 => (known & OUTSIDE == 0).then_some(known),
+        known if (known as i64) > 0 => (known & OUTSIDE == 0).then_some(known),
         _ => Some(bpf_get_current_pid_tgid()),
     }
 }
@@ -140,14 +159,23 @@ pub fn current_unless_outside() -> Option<u64> {
 /// the set changes), so a target's events read the note alone, not the set too.
 #[inline(always)]
 pub fn current_target() -> Option<u64> {
-    if config().switch_notes != 0
-        && config().filter == filter::TARGETS
-        && let Some(&known) = ON_CPU.get(0)
-        && (known as i64) > 0
-    {
-        return (known & OUTSIDE == 0).then_some(known);
+    if config().switch_notes == 0 {
+        let pid_tgid = bpf_get_current_pid_tgid();
+        return is_current_target_cached((pid_tgid >> 32) as u32).then_some(pid_tgid);
     }
-    let pid_tgid = current_unless_outside()?;
+    current_target_in(on_cpu::state()?)
+}
+
+/// `current_target`, for a program that has this CPU's state already.
+#[inline(always)]
+pub fn current_target_in(state: *const CpuState) -> Option<u64> {
+    if config().switch_notes != 0 && config().filter == filter::TARGETS {
+        let known = note_in(state);
+        if (known as i64) > 0 {
+            return (known & OUTSIDE == 0).then_some(known);
+        }
+    }
+    let pid_tgid = current_unless_outside(state)?;
     is_current_target_cached((pid_tgid >> 32) as u32).then_some(pid_tgid)
 }
 
@@ -162,7 +190,7 @@ pub struct Switch {
 
 /// Notes a switch from `prev` (current until it happens) to `next` (the switch program's
 /// first step), with the verdict on `next`; `prev`'s is the one noted at its arrival, when
-/// nothing changed the target set since (see `ON_CPU`): a switch between two other processes
+/// nothing changed the target set since (see `note_in`): a switch between two other processes
 /// tests the set once, not twice.
 #[inline(always)]
 pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch {
@@ -174,18 +202,19 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
             next_may_be_target: true,
         };
     }
+    // Before the verdicts: see `write_note`.
+    let epoch = on_cpu::notes_epoch();
     let prev_id = task_pid_tgid(config, prev);
     let next_id = task_pid_tgid(config, next);
     let next_tgid = (next_id >> 32) as u32;
     let next_may_be_target = tgid_may_be_target(config, next_tgid);
     let prev_may_be_target = || tgid_may_be_target(config, (prev_id >> 32) as u32);
-    let Some(slot) = ON_CPU.get_ptr_mut(0) else {
+    let Some(state) = on_cpu::state() else {
         return Switch { prev_id, prev_may_be_target: prev_may_be_target(), next_may_be_target };
     };
-    // SAFETY: this CPU's slot; the switch program does not nest with itself.
-    let slot = unsafe { &mut *slot };
-    let prev_may_be_target = *slot != prev_id | OUTSIDE && prev_may_be_target();
-    let noted = *slot & !(HIDDEN_NOTE | OUTSIDE);
+    let noted = note_in(state);
+    let prev_may_be_target = noted != prev_id | OUTSIDE && prev_may_be_target();
+    let noted = noted & !(HIDDEN_NOTE | OUTSIDE);
     if noted != 0 && noted != prev_id {
         // The task noted last left without a switch the kernel showed.
         let tgid = (noted >> 32) as u32;
@@ -197,7 +226,7 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
     // The idle task's note stays 0, unknown: a task that gets the CPU from it in a switch the
     // kernel does not show (`sched.rs::account_switch_out`) must reach the helper, not the
     // verdict on the idle task.
-    *slot = note(next_id, next_may_be_target);
+    write_note(state, note(next_id, next_may_be_target), epoch);
     Switch { prev_id, prev_may_be_target, next_may_be_target }
 }
 
@@ -274,10 +303,10 @@ pub fn renote_current() {
     if config().switch_notes == 0 {
         return;
     }
-    if let Some(slot) = ON_CPU.get_ptr_mut(0) {
+    if let Some(state) = on_cpu::state() {
+        let epoch = on_cpu::notes_epoch();
         let id = bpf_get_current_pid_tgid();
-        // SAFETY: this CPU's slot.
-        unsafe { *slot = note(id, tgid_may_be_target(config(), (id >> 32) as u32)) };
+        write_note(state, note(id, tgid_may_be_target(config(), (id >> 32) as u32)), epoch);
     }
 }
 

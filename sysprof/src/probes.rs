@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader, Pod,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues, RingBuf, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, RingBuf, StackTraceMap},
     programs::{
         BtfTracePoint, ProgramError, RawTracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
@@ -227,6 +227,8 @@ pub struct Probes {
     pub(crate) fault_baselines: Option<HashMap<u32, [u64; 2]>>,
     /// The target set's bits, mapped when the first target is added (see `TargetBits`).
     target_bits: Option<TargetBits>,
+    /// The notes' epoch last written (`forget_switch_notes`).
+    notes_epoch: u32,
     /// Whether the kernel makes multi-uprobe links, for every process and for one process
     /// (see `attach_functions`).
     multi_uprobes: bool,
@@ -342,6 +344,7 @@ impl Probes {
             fault_counters_known: config.task_min_flt_offset != 0,
             fault_baselines: None,
             target_bits: None,
+            notes_epoch: 0,
             multi_uprobes: multi_uprobes(UProbeMultiFeature::LinkCreation),
             multi_uprobes_per_process: multi_uprobes(UProbeMultiFeature::ProcessScopedPidFilter),
         })
@@ -382,15 +385,16 @@ impl Probes {
         self.forget_switch_notes()
     }
 
-    /// Zeroes each CPU's note of its current task (`names::ON_CPU`): the note carries the
-    /// switch's verdict that the task was outside the target set, and a thread of a process
-    /// that has just joined would be taken for an outsider until it next leaves the CPU. A
-    /// zeroed note sends the programs to the set itself, and the next switch notes afresh.
+    /// Forgets each CPU's note of its current task by moving the notes' epoch on
+    /// (`names::NOTES_EPOCH`): the note carries the switch's verdict that the task was outside
+    /// the target set, and a thread of a process that has just joined would be taken for an
+    /// outsider until it next leaves the CPU. A note of an earlier epoch sends the programs to
+    /// the set itself, and the next switch notes afresh. Not by zeroing the notes: they share
+    /// each CPU's value with the syscall programs' counts (`CpuState`), which a write of the
+    /// whole value would lose.
     pub fn forget_switch_notes(&mut self) -> anyhow::Result<()> {
-        let mut notes: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(self.map_mut(names::ON_CPU)?)?;
-        let cpus = aya::util::nr_cpus().map_err(|(_, error)| error).context("counting the CPUs")?;
-        let zeroes = PerCpuValues::try_from(vec![0u64; cpus])?;
-        notes.set(0, zeroes, 0).with_context(|| format!("writing map {}", names::ON_CPU))
+        self.notes_epoch = self.notes_epoch.wrapping_add(1);
+        self.set(names::NOTES_EPOCH, 0, self.notes_epoch)
     }
 
     /// Takes a process out of the in-kernel target set.

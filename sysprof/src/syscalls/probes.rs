@@ -1,7 +1,7 @@
 //! The syscall family's kernel side: the enter/exit programs, and the read-out of their exact
 //! counts, errors and latency histograms.
 
-use sysprof_common::{Config, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot, SyscallStats, names};
+use sysprof_common::{Config, CpuState, PendingCount, SyscallErrorKey, SyscallKey, SyscallStats, names};
 
 use crate::{
     family::{Analysis, Family},
@@ -98,9 +98,9 @@ impl SyscallDump {
     /// Reads the syscall statistics.
     pub(crate) fn read(maps: &mut MapReader<'_>) -> anyhow::Result<Self> {
         let pending = maps
-            .per_cpu::<SyscallSlot>(names::SYSCALL_SLOT, 0)?
+            .per_cpu::<CpuState>(names::CPU_STATE, 0)?
             .iter()
-            .flat_map(|slot| slot.pending)
+            .flat_map(|state| state.syscall.pending)
             .filter(|p| p.count != 0 || p.errno_count != 0)
             .collect();
         let mut stats = Vec::new();
