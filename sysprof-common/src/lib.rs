@@ -47,7 +47,7 @@ pub use self::{
     sched::{OffCpuKey, OffCpuValue, TASK_REPORT_MAX, ThreadSched, WakeKey},
     syscalls::{
         CpuState, InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot,
-        SyscallStats,
+        SyscallStats, key_of as syscall_key_of,
     },
 };
 

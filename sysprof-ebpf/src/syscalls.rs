@@ -329,11 +329,13 @@ fn pending_entry(slot: &mut Slot, tgid: u32, nr: u32) -> &mut PendingCount {
     // (openat 257 and write 1, readlink 89 and mmap 9).
     let index = (nr.wrapping_mul(0x9e37_79b1) >> (32 - PENDING_COUNTS.trailing_zeros())) as usize;
     let entry = &mut slot.pending[index & (PENDING_COUNTS - 1)];
-    if (entry.tgid != tgid || entry.nr != nr) && (entry.count != 0 || entry.errno_count != 0) {
-        flush_pending(entry);
+    let key = sysprof_common::syscall_key_of(tgid, nr);
+    if entry.key() != key {
+        if entry.count != 0 || entry.errno_count != 0 {
+            flush_pending(entry);
+        }
+        entry.set_key(key);
     }
-    entry.tgid = tgid;
-    entry.nr = nr;
     entry
 }
 
