@@ -27,7 +27,7 @@ use crate::{
     counters,
     histogram::record,
     maps::stack_id,
-    syscalls, target,
+    on_cpu, syscalls, target,
     task_state::{NOT_TARGET, TARGET, TASK_STATE, TaskState},
     timeline, window,
 };
@@ -66,10 +66,14 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let prev: *mut task_struct = ctx.arg(1);
     let prev_state = ctx.arg::<u64>(3) as u32;
     let next: *mut task_struct = ctx.arg(2);
-    let switch = target::note_switch(prev, next);
+    // The CPU's note and syscall slot, with one lookup for both (see `on_cpu.rs`).
+    let state = on_cpu::state();
+    let switch = target::note_switch(state, prev, next);
     // Only a target's thread has a call in the CPU's slot.
-    if switch.prev_may_be_target {
-        syscalls::park_in_flight(switch.prev_id as u32, prev);
+    if switch.prev_may_be_target
+        && let Some(state) = state
+    {
+        syscalls::park_in_flight(state, switch.prev_id as u32, prev);
     }
     if config().sched_stats == 0 {
         return 0;

@@ -30,8 +30,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use sysprof_common::{
-    Counter, InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot as Slot,
-    SyscallStats, capacity, stack,
+    Counter, CpuState, InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey,
+    SyscallSlot as Slot, SyscallStats, capacity, stack,
     timeline::{TimelineEvent, kind as timeline_kind},
 };
 
@@ -198,12 +198,9 @@ const PROT_EXEC: u64 = 4;
 
 /// Called by the context-switch program for the thread leaving the CPU: ends its stretch, and
 /// moves its call in flight, if any, from the CPU's slot to the thread's own storage. A call
-/// that was not sampled is timed from here: it blocked, so it is slow.
+/// that was not sampled is timed from here: it blocked, so it is slow. `state` is this CPU's.
 #[inline(always)]
-pub fn park_in_flight(tid: u32, prev: *mut aya_ebpf::bindings::task_struct) {
-    let Some(state) = on_cpu::state() else {
-        return;
-    };
+pub fn park_in_flight(state: *mut CpuState, tid: u32, prev: *mut aya_ebpf::bindings::task_struct) {
     // SAFETY: as in syscall_enter.
     let slot = unsafe { &mut (*state).syscall };
     if slot.tid != tid {

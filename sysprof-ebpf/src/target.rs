@@ -191,9 +191,13 @@ pub struct Switch {
 /// Notes a switch from `prev` (current until it happens) to `next` (the switch program's
 /// first step), with the verdict on `next`; `prev`'s is the one noted at its arrival, when
 /// nothing changed the target set since (see `note_in`): a switch between two other processes
-/// tests the set once, not twice.
+/// tests the set once, not twice. `state` is this CPU's (`on_cpu::state`).
 #[inline(always)]
-pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch {
+pub fn note_switch(
+    state: Option<*mut CpuState>,
+    prev: *const task_struct,
+    next: *const task_struct,
+) -> Switch {
     let config = config();
     if config.task_pid_offset == 0 || config.task_tgid_offset == 0 {
         return Switch {
@@ -209,7 +213,7 @@ pub fn note_switch(prev: *const task_struct, next: *const task_struct) -> Switch
     let next_tgid = (next_id >> 32) as u32;
     let next_may_be_target = tgid_may_be_target(config, next_tgid);
     let prev_may_be_target = || tgid_may_be_target(config, (prev_id >> 32) as u32);
-    let Some(state) = on_cpu::state() else {
+    let Some(state) = state else {
         return Switch { prev_id, prev_may_be_target: prev_may_be_target(), next_may_be_target };
     };
     let noted = note_in(state);

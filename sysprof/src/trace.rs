@@ -40,8 +40,6 @@ const SYSCALL_BURST: u32 = 32;
 /// here, `cargo xtask bench syscalls`' `--time-every-syscall` row): 1 in 16 put 7 ns on every
 /// call of a getppid loop, 1 in 64 under 2, and a loop of a second still has 100,000 timed.
 const SYSCALL_SAMPLE_EVERY: u32 = 64;
-// The syscall programs pick 1 call in it with a mask.
-const _: () = assert!(SYSCALL_SAMPLE_EVERY.is_power_of_two());
 /// How long the start waits for the launched command's exec to read its program's maps.
 const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
