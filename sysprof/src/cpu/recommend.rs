@@ -112,12 +112,7 @@ pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recomm
     }
     let unknown = share_of(&|s| s.frames.iter().any(|f| f.function.starts_with("[unknown]")));
     if unknown >= UNKNOWN_SHARE {
-        limitations.push(format!(
-            "{} of the target's on-CPU samples have frames sysprof could not name: install debug symbols for \
-             the modules in the [unknown] frames, keep symbols in the binaries (no strip), and run JITs with \
-             their perf map on (node --perf-basic-prof; Python needs nothing)",
-            percent(unknown)
-        ));
+        limitations.extend(unnamed_frames(busy, total));
     }
     if total < FEW_SAMPLES {
         limitations.push(format!(
@@ -126,4 +121,173 @@ pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recomm
         ));
     }
     (recommendations, limitations)
+}
+
+/// Why a frame has no name, as what the user can do about it differs.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Unnamed {
+    /// sysprof had no map of the address: the process ended before its maps were read (an
+    /// exec is read within milliseconds; a program that lives less can be gone), or the code
+    /// was loaded after the last read. Symbols would not help.
+    NotMapped,
+    /// In a file (or the kernel) with no symbol for it.
+    NoSymbols,
+    /// In anonymous executable memory with no perf map: a JIT's code.
+    Jit,
+}
+
+impl Unnamed {
+    fn of(frame: &crate::symbolize::Frame) -> Option<Self> {
+        if !frame.function.starts_with("[unknown]") {
+            return None;
+        }
+        Some(match &*frame.module {
+            "[unknown]" | "[unmapped]" => Unnamed::NotMapped,
+            "[anon]" => Unnamed::Jit,
+            _ => Unnamed::NoSymbols,
+        })
+    }
+}
+
+/// Most names a limitation lists of the processes or modules it is about.
+const NAMES_LISTED: usize = 4;
+
+/// One limitation for each reason the busy samples have unnamed frames, with its share of
+/// the samples and whose they are: the most samples first. A sample with frames unnamed for
+/// two reasons counts for both.
+fn unnamed_frames(busy: &StackProfile, total: u64) -> Vec<String> {
+    use std::collections::BTreeMap;
+    // Per reason: samples, and samples by the name the line lists (process or module).
+    let mut by_reason: BTreeMap<Unnamed, (u64, BTreeMap<&str, u64>)> = BTreeMap::new();
+    for stack in &busy.stacks {
+        // Each stack counts once for each reason, and once for each name under it.
+        let mut seen: Vec<(Unnamed, &str)> = Vec::new();
+        for frame in &stack.frames {
+            let Some(reason) = Unnamed::of(frame) else { continue };
+            // Not mapped: whose process it was (the frame has no module to name).
+            let name = if reason == Unnamed::NotMapped { stack.process.as_str() } else { &*frame.module };
+            if seen.contains(&(reason, name)) {
+                continue;
+            }
+            let (samples, names) = by_reason.entry(reason).or_default();
+            if !seen.iter().any(|(r, _)| *r == reason) {
+                *samples += stack.weight;
+            }
+            seen.push((reason, name));
+            *names.entry(name).or_default() += stack.weight;
+        }
+    }
+    let mut reasons: Vec<_> = by_reason.into_iter().collect();
+    reasons.sort_by_key(|(_, (samples, _))| std::cmp::Reverse(*samples));
+    reasons
+        .into_iter()
+        .map(|(reason, (samples, names))| {
+            let share = percent(samples as f64 / total as f64);
+            let mut names: Vec<(&str, u64)> = names.into_iter().collect();
+            names.sort_by_key(|(name, samples)| (std::cmp::Reverse(*samples), *name));
+            let listed = names.iter().take(NAMES_LISTED).map(|(name, _)| *name).collect::<Vec<_>>().join(", ");
+            let more = names.len().saturating_sub(NAMES_LISTED);
+            let listed = if more > 0 { format!("{listed} and {more} more") } else { listed };
+            match reason {
+                Unnamed::NotMapped => format!(
+                    "{share} of the target's on-CPU samples have frames at addresses sysprof had no map of \
+                     ([unknown] [unknown]+0x... and [unknown] [unmapped]+0x... frames; processes: {listed}): a \
+                     program that ended within milliseconds of its start was gone before sysprof read where its \
+                     code was, or code was loaded after the last read. Their time is counted under their \
+                     process, and symbols would not name it"
+                ),
+                Unnamed::NoSymbols => format!(
+                    "{share} of the target's on-CPU samples have frames sysprof could not name in {listed}: \
+                     install debug symbols for them, and keep symbols in the binaries (no strip)"
+                ),
+                Unnamed::Jit => format!(
+                    "{share} of the target's on-CPU samples are in code generated at run time with no perf map \
+                     ([unknown] [anon]+0x... frames): run JITs with their perf map on (node --perf-basic-prof; \
+                     Python needs nothing)"
+                ),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{profile::WeightedStack, symbolize::Frame};
+
+    /// A stack of `process` from (function, module) frames.
+    fn stack(process: &str, frames: &[(&str, &str)], weight: u64) -> WeightedStack {
+        WeightedStack {
+            pid: 1,
+            process: process.into(),
+            frames: frames
+                .iter()
+                .map(|(function, module)| Frame::new((*function).into(), (*module).into()))
+                .collect(),
+            weight,
+            threads: vec![],
+        }
+    }
+
+    fn limitations(stacks: Vec<WeightedStack>) -> Vec<String> {
+        let busy = StackProfile { unit: "samples".into(), stacks };
+        let facts = CpuFacts { frequency_hz: 99, wall_s: 10.0, syscalls_traced: true };
+        cpu_recommendations(&busy, &facts).1
+    }
+
+    #[test]
+    fn unnamed_frames_are_told_apart_by_what_would_name_them() {
+        let limits = limitations(vec![
+            stack("make", &[("main", "make"), ("run", "make")], 600),
+            // A compiler that was gone before its maps were read.
+            stack(
+                "cc1",
+                &[("[unknown] [unknown]+0x5591", "[unknown]"), ("[unknown] [unknown]+0x7f22", "[unknown]")],
+                200,
+            ),
+            stack("as", &[("[unknown] [unmapped]+0x9000", "[unmapped]")], 50),
+            // A stripped library, twice in one stack: its samples count once.
+            stack(
+                "make",
+                &[
+                    ("main", "make"),
+                    ("[unknown] libz.so.1+0x10", "libz.so.1"),
+                    ("[unknown] libz.so.1+0x20", "libz.so.1"),
+                ],
+                100,
+            ),
+            stack("node", &[("[unknown] [anon]+0x40", "[anon]")], 50),
+        ]);
+        assert_eq!(limits.len(), 3, "{limits:#?}");
+        // The most samples first: 250 not mapped, 100 without symbols, 50 JIT (of 1,000).
+        assert!(
+            limits[0].starts_with("25.0% of the target's on-CPU samples have frames at addresses"),
+            "{}",
+            limits[0]
+        );
+        assert!(limits[0].contains("processes: cc1, as)"), "{}", limits[0]);
+        assert!(!limits[0].contains("debug symbols"), "{}", limits[0]);
+        assert!(
+            limits[1].starts_with(
+                "10.0% of the target's on-CPU samples have frames sysprof could not name in libz.so.1:"
+            ),
+            "{}",
+            limits[1]
+        );
+        assert!(limits[1].contains("install debug symbols"), "{}", limits[1]);
+        assert!(
+            limits[2].starts_with("5.0% of the target's on-CPU samples are in code generated at run time"),
+            "{}",
+            limits[2]
+        );
+    }
+
+    #[test]
+    fn a_few_unnamed_frames_are_not_a_limitation() {
+        let limits = limitations(vec![
+            stack("app", &[("main", "app")], 950),
+            stack("app", &[("[unknown] libz.so.1+0x10", "libz.so.1")], 49),
+        ]);
+        assert!(limits.iter().all(|l| !l.contains("could not name")), "{limits:#?}");
+    }
 }
