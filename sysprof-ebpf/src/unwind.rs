@@ -442,7 +442,7 @@ unsafe extern "C" fn step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     let mapping = find_mapping(mappings, walk, lookup);
     // The leaf is where the CPU was, so it is code even in a mapping not seen yet; any other
     // address outside every mapping is not a return address.
-    if mapping.is_none() && !leaf {
+    if mapping.end == 0 && !leaf {
         return 1;
     }
     let Some(slot) = walk.stack.frames.get_mut(walk.frames as usize) else { return 1 };
@@ -450,15 +450,15 @@ unsafe extern "C" fn step(_index: u64, context: *mut core::ffi::c_void) -> i64 {
     walk.frames += 1;
     walk.hash = (walk.hash ^ pc).wrapping_mul(FNV_PRIME);
 
-    let row = match mapping {
-        Some(mapping) if mapping.rows > 0 => {
-            match find_row(&mapping, walk, lookup.wrapping_sub(mapping.bias)) {
-                Some(row) => row,
-                // An address no entry covers.
-                None => return 1,
-            }
+    // No mapping (a leaf's) has no rows either.
+    let row = if mapping.rows > 0 {
+        match find_row(&mapping, walk, lookup.wrapping_sub(mapping.bias)) {
+            Some(row) => row,
+            // An address no entry covers.
+            None => return 1,
         }
-        _ => UnwindRow { cfa: cfa::FRAME_POINTER, ..UnwindRow::default() },
+    } else {
+        UnwindRow { cfa: cfa::FRAME_POINTER, ..UnwindRow::default() }
     };
     let offset = row.cfa_offset as i64 as u64;
     let frame = match row.cfa {
@@ -529,17 +529,20 @@ struct Search {
     scratch: *mut Scratch,
 }
 
-/// The process's mapping that holds `pc`.
+/// The process's mapping that holds `pc`, or a zeroed one (`end` 0, no rows) when none does.
+/// Not an `Option`: its payload is undefined where it is `None`, and LLVM, building for BPF v3,
+/// then spills registers that one path into the spill never wrote, which the verifier refuses
+/// (`R5 !read_ok` in `step`).
 #[inline(always)]
-fn find_mapping(mappings: &ProcessMappings, scratch: &mut Scratch, pc: u64) -> Option<ExecMapping> {
+fn find_mapping(mappings: &ProcessMappings, scratch: &mut Scratch, pc: u64) -> ExecMapping {
     let count = mappings.count as u64;
     if count == 0 || count > MAPPINGS_PER_PROCESS as u64 || mapping_at(mappings, 0).start > pc {
-        return None;
+        return ExecMapping::default();
     }
     if scratch.mapping != 0 {
         let last = mapping_at(mappings, scratch.mapping - 1);
         if last.start <= pc && pc < last.end {
-            return Some(last);
+            return last;
         }
     }
     (scratch.low, scratch.high, scratch.target) = (0, count, pc);
@@ -555,10 +558,11 @@ fn find_mapping(mappings: &ProcessMappings, scratch: &mut Scratch, pc: u64) -> O
     }
     let mapping = mapping_at(mappings, scratch.low);
     let found = scratch.high == scratch.low + 1 && pc < mapping.end;
-    if found {
-        scratch.mapping = scratch.low + 1;
+    if !found {
+        return ExecMapping::default();
     }
-    found.then_some(mapping)
+    scratch.mapping = scratch.low + 1;
+    mapping
 }
 
 #[inline(always)]
