@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::{Artifact, Rendered, Sink};
 use crate::report::{
     Lost, Report,
-    format::{percent, seconds, thousands},
+    format::{percent, seconds, thousands, two_digits},
     recommendation::WORTH_A_LINE,
 };
 
@@ -202,16 +202,43 @@ fn overhead(out: &mut String, report: &Report) {
                 ]
             })
             .collect();
-        table(out, &["BPF program", "Runs", "Total time", "Per run"], &rows);
-        let _ = writeln!(
-            out,
-            "BPF programs: {:.3} ms in all, {:.4}% of the CPU time available during the run. The kernel \
-             timed them during {:.0}% of the run (its statistics cost two clock reads per run, so they are \
-             on in windows); runs and times are scaled to the whole run.",
-            cost.bpf_time_ns as f64 / 1e6,
-            cost.bpf_cpu_share * 100.0,
-            cost.bpf_stats_coverage * 100.0
-        );
+        // Scaled from the windows where they did not cover the run (see below).
+        let headers = if cost.bpf_stats_coverage >= 1.0 {
+            ["BPF program", "Runs", "Total time", "Per run"]
+        } else {
+            ["BPF program", "Runs (estimated)", "Total time (estimated)", "Per run"]
+        };
+        table(out, &headers, &rows);
+        if cost.bpf_stats_coverage >= 1.0 {
+            let _ = writeln!(
+                out,
+                "BPF programs: {:.3} ms in all, {:.4}% of the CPU time available during the run: exact, the \
+                 kernel timed every run (kernel.bpf_stats_enabled was on).",
+                cost.bpf_time_ns as f64 / 1e6,
+                cost.bpf_cpu_share * 100.0,
+            );
+        } else if cost.bpf_time_ns == 0 {
+            let _ = writeln!(
+                out,
+                "BPF programs: no run fell in the windows the kernel timed them in ({}% of the run: its \
+                 statistics cost two clock reads per run, so they are on in windows), too little to estimate \
+                 from; `sysctl kernel.bpf_stats_enabled=1` during the trace makes it exact.",
+                two_digits(cost.bpf_stats_coverage * 100.0)
+            );
+        } else {
+            // Scaled from windows: two digits are what such an estimate can claim.
+            let _ = writeln!(
+                out,
+                "BPF programs: about {} ms in all, about {}% of the CPU time available during the run, \
+                 estimated: the kernel timed them during {}% of the run (its statistics cost two clock reads \
+                 per run, so they are on in windows), and runs and times are scaled to the whole run. A load \
+                 that changes over the run (a build's short processes) can put the estimate off by a factor of \
+                 two or more; `sysctl kernel.bpf_stats_enabled=1` during the trace makes it exact.",
+                two_digits(cost.bpf_time_ns as f64 / 1e6),
+                two_digits(cost.bpf_cpu_share * 100.0),
+                two_digits(cost.bpf_stats_coverage * 100.0)
+            );
+        }
     } else {
         let _ = writeln!(out, "The kernel keeps no BPF run-time statistics here (kernel.bpf_stats_enabled).");
     }

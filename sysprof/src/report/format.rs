@@ -28,6 +28,16 @@ pub fn seconds(s: f64) -> String {
     }
 }
 
+/// An estimate to the two significant digits it can claim: 1.2538 -> "1.3", 0.051234 ->
+/// "0.051", 40.561 -> "41" (larger numbers keep their integer digits).
+pub fn two_digits(x: f64) -> String {
+    if x <= 0.0 || !x.is_finite() {
+        return "0".into();
+    }
+    let decimals = (1 - x.log10().floor() as i32).max(0) as usize;
+    format!("{x:.decimals$}")
+}
+
 /// "1.5 MiB".
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -49,6 +59,15 @@ mod tests {
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(4096), "4.0 KiB");
         assert_eq!(bytes(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn estimates_keep_two_significant_digits() {
+        assert_eq!(two_digits(1.2538), "1.3");
+        assert_eq!(two_digits(0.051234), "0.051");
+        assert_eq!(two_digits(40.561), "41");
+        assert_eq!(two_digits(1528.0), "1528");
+        assert_eq!(two_digits(0.0), "0");
     }
 
     #[test]
