@@ -487,7 +487,7 @@ pub async fn collect(
     // reads are system calls too, sysprof's own, whose programs' runs are in its CPU time, not
     // in a cost of the trace (where the kernel's statistics are on for good, they counted a
     // sixth of a `make -j2`'s BPF time).
-    let costs = crate::selfcost::since(probes.costs(), &stats_windows.baseline);
+    let costs = stats_windows.costs(probes.costs(), stats_coverage);
     probes.settle_fault_counts()?;
     Ok(Collected { ended_by: reason, elapsed, end_ns, stats_coverage, costs, command })
 }

@@ -5,8 +5,9 @@
 //! The kernel's statistics time every run of every BPF program on the machine, two clock reads
 //! per run: on a syscall-heavy target that costs more than sysprof's programs themselves (a
 //! getuid loop ran 85 ns a call slower with them on, here). So they are on in short windows
-//! ([`StatsWindows`]): 2 ms at the start, then 10 ms every second, 1% of a long trace. Runs and
-//! time are scaled by the share of the trace the windows covered. Where they are on already
+//! ([`StatsWindows`]): 2 ms at the start, then 10 ms every second, 1% of a long trace. The first
+//! window counts as itself, and the later ones' runs and time are scaled to the rest of the trace
+//! (`StatsWindows::costs`). Where they are on already
 //! for the whole machine (`sysctl kernel.bpf_stats_enabled=1`, as `cargo xtask bench` sets for
 //! its realistic rows), they cover the whole trace and nothing is scaled.
 
@@ -39,6 +40,13 @@ pub struct StatsWindows {
     started: Instant,
     on_since: Option<Instant>,
     covered: Duration,
+    /// The programs' statistics as the first window closed, and its length: that window is at
+    /// the start by design, over a launched command's first milliseconds (its loader's and
+    /// its first children's syscalls, the densest of a build), so it stands for itself only,
+    /// not for the rest of the run (see `costs`).
+    first: Option<(Vec<ProgramCost>, Duration)>,
+    /// The run's length, from the start to `finish`.
+    total: Duration,
     next_change: Instant,
     /// The statistics were on for the whole machine when the trace started.
     always: bool,
@@ -57,6 +65,8 @@ impl StatsWindows {
             started: now,
             on_since: Some(now),
             covered: Duration::ZERO,
+            first: None,
+            total: Duration::ZERO,
             next_change: now + FIRST_WINDOW,
             always,
         }
@@ -77,6 +87,9 @@ impl StatsWindows {
             Some(since) => {
                 probes.set_stats(false);
                 self.covered += now - since;
+                if self.first.is_none() {
+                    self.first = Some((probes.costs(), now - since));
+                }
                 self.next_change = now + WINDOW_EVERY - WINDOW;
             }
             None => {
@@ -95,7 +108,42 @@ impl StatsWindows {
         }
         probes.set_stats(false);
         let total = now - self.started;
+        self.total = total;
         if total.is_zero() { 1.0 } else { (self.covered.as_secs_f64() / total.as_secs_f64()).min(1.0) }
+    }
+
+    /// The programs' runs and time for [`overhead`] to scale by `coverage` (what `finish`
+    /// returned), from their statistics `now` (after `finish`). The first window counts as
+    /// itself, and the later ones stand for the rest of the run: in a `make -j2` trace the
+    /// first window's 2 ms, scaled like the others, put the BPF time at 1.2% of the CPU time
+    /// available, against 0.51% timed whole. Given back multiplied by `coverage`, so that
+    /// `overhead`'s one scaling yields that estimate. Scaled as one where the statistics were on
+    /// throughout, or no later window ran.
+    pub fn costs(&self, now: Vec<ProgramCost>, coverage: f64) -> Vec<ProgramCost> {
+        let whole = since(now.clone(), &self.baseline);
+        let Some((at_first, first_length)) = &self.first else { return whole };
+        let later_covered = self.covered.saturating_sub(*first_length);
+        let rest = self.total.saturating_sub(*first_length);
+        if self.always || later_covered.is_zero() || rest.is_zero() {
+            return whole;
+        }
+        let later_scale = rest.as_secs_f64() / later_covered.as_secs_f64();
+        let first = since(at_first.clone(), &self.baseline);
+        since(now, at_first)
+            .into_iter()
+            .map(|later| {
+                let (runs, time) = first
+                    .iter()
+                    .find(|f| f.program == later.program)
+                    .map_or((0, 0), |f| (f.run_count, f.run_time_ns));
+                let estimate = |first: u64, later: u64| first as f64 + later as f64 * later_scale;
+                ProgramCost {
+                    run_count: (estimate(runs, later.run_count) * coverage).round() as u64,
+                    run_time_ns: (estimate(time, later.run_time_ns) * coverage).round() as u64,
+                    program: later.program,
+                }
+            })
+            .collect()
     }
 }
 
@@ -180,6 +228,33 @@ mod tests {
         assert_eq!(overhead.programs[0].run_time_ns, 20_000);
         assert_eq!(overhead.bpf_time_ns, 20_000);
         assert!((overhead.bpf_cpu_share - 20_000.0 / 4e9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_first_window_stands_for_itself_and_the_later_ones_for_the_rest() {
+        let cost =
+            |runs: u64| vec![ProgramCost { program: "p".into(), run_count: runs, run_time_ns: runs * 100 }];
+        let windows = StatsWindows {
+            baseline: cost(0),
+            started: Instant::now(),
+            on_since: None,
+            // 2 ms at the start, then two windows of 10 ms, in a 2.002 s run.
+            covered: Duration::from_millis(22),
+            first: Some((cost(1_000), Duration::from_millis(2))),
+            total: Duration::from_millis(2_002),
+            next_change: Instant::now(),
+            always: false,
+        };
+        let coverage = 22.0 / 2_002.0;
+        // 1,000 runs in the first window (a command's start), 200 in the later 20 ms: the rest
+        // of the run (2 s) had 200 x 100 of them, not 1,200 x 91.
+        let overhead =
+            overhead(windows.costs(cost(1_200), coverage), true, coverage, Duration::from_secs(2), 2, 99);
+        assert!(overhead.programs[0].run_count.abs_diff(21_000) <= 50, "{:?}", overhead.programs);
+        assert!(overhead.programs[0].run_time_ns.abs_diff(2_100_000) <= 50, "{:?}", overhead.programs);
+        // With the statistics on throughout, nothing is estimated.
+        let always = StatsWindows { always: true, ..windows };
+        assert_eq!(always.costs(cost(1_200), 1.0)[0].run_count, 1_200);
     }
 
     #[test]
