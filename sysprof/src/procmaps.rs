@@ -26,6 +26,11 @@ pub enum Backing {
     Other(String),
 }
 
+impl Backing {
+    /// The module name of anonymous executable memory's frames.
+    pub const ANONYMOUS_NAME: &'static str = "[anon]";
+}
+
 /// One executable mapping.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Mapping {
@@ -50,7 +55,7 @@ impl Mapping {
                 .map(|name| name.to_string_lossy().into_owned())
                 .unwrap_or_else(|| path.display().to_string()),
             Backing::Vdso => "[vdso]".into(),
-            Backing::Anonymous => "[anon]".into(),
+            Backing::Anonymous => Backing::ANONYMOUS_NAME.into(),
             Backing::Other(name) => name.clone(),
         }
     }

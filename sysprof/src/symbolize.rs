@@ -62,8 +62,20 @@ impl Frame {
     }
 
     pub(crate) fn unknown(module: &str, offset: u64) -> Self {
-        Frame::new(format!("[unknown] {module}+{offset:#x}").into(), module.into())
+        Frame::new(format!("{} {module}+{offset:#x}", Self::UNNAMED).into(), module.into())
     }
+
+    /// Whether no symbol names it (see [`Frame::unknown`]).
+    pub fn is_unnamed(&self) -> bool {
+        self.function.starts_with(Self::UNNAMED)
+    }
+
+    /// What an unnamed frame's function reads as, before its module and offset.
+    const UNNAMED: &'static str = "[unknown]";
+    /// The module of an address in a process whose maps sysprof never read (it ended first).
+    pub const UNREAD_MODULE: &'static str = "[unknown]";
+    /// The module of an address outside every mapping of the process's last read.
+    pub const UNMAPPED_MODULE: &'static str = "[unmapped]";
 
     pub fn is_kernel(&self) -> bool {
         *self.module == *Self::KERNEL_MODULE
@@ -315,7 +327,10 @@ impl Symbolizer {
         if !missing.is_empty() {
             let fresh = match self.blazesym {
                 Some(_) => self.resolve_user(pid, maps, &missing),
-                None => missing.iter().map(|&addr| (addr, vec![Frame::unknown("[unknown]", addr)])).collect(),
+                None => missing
+                    .iter()
+                    .map(|&addr| (addr, vec![Frame::unknown(Frame::UNREAD_MODULE, addr)]))
+                    .collect(),
             };
             self.known.user.entry(pid).or_default().extend(fresh);
         }
@@ -327,7 +342,7 @@ impl Symbolizer {
         let mut result = HashMap::with_capacity(addrs.len());
         let Some(maps) = maps else {
             for &addr in addrs {
-                result.insert(addr, vec![Frame::unknown("[unknown]", addr)]);
+                result.insert(addr, vec![Frame::unknown(Frame::UNREAD_MODULE, addr)]);
             }
             return result;
         };
@@ -339,7 +354,7 @@ impl Symbolizer {
                     by_mapping.entry(mapping.start).or_insert((mapping, Vec::new())).1.push(addr)
                 }
                 None => {
-                    result.insert(addr, vec![Frame::unknown("[unmapped]", addr)]);
+                    result.insert(addr, vec![Frame::unknown(Frame::UNMAPPED_MODULE, addr)]);
                 }
             }
         }

@@ -7,11 +7,13 @@
 
 use super::hotspots::{Hotspot, hotspots};
 use crate::{
+    procmaps::Backing,
     profile::{SYSPROF_PROBES, StackProfile},
     report::{
         format::{percent, thousands},
         recommendation::Recommendation,
     },
+    symbolize::Frame,
 };
 
 /// Self share above which a single function is worth a recommendation of its own.
@@ -69,7 +71,7 @@ pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recomm
     // The kernel's functions and the GPU runtimes' are the mechanism of a syscall, a fault or a
     // CUDA/NCCL call, which their own families advise on with the call's figures.
     let advisable = |h: &&Hotspot| {
-        *h.module != *crate::symbolize::Frame::KERNEL_MODULE
+        *h.module != *Frame::KERNEL_MODULE
             && !h.function.starts_with('[')
             && &*h.module != "sysprof"
             && !GPU_RUNTIMES.iter().any(|m| h.module.starts_with(m))
@@ -110,7 +112,7 @@ pub fn cpu_recommendations(busy: &StackProfile, facts: &CpuFacts) -> (Vec<Recomm
              needless syscalls, reuse memory instead of mapping it anew",
         ));
     }
-    let unknown = share_of(&|s| s.frames.iter().any(|f| f.function.starts_with("[unknown]")));
+    let unknown = share_of(&|s| s.frames.iter().any(|f| f.is_unnamed()));
     if unknown >= UNKNOWN_SHARE {
         limitations.extend(unnamed_frames(busy, total));
     }
@@ -137,13 +139,13 @@ enum Unnamed {
 }
 
 impl Unnamed {
-    fn of(frame: &crate::symbolize::Frame) -> Option<Self> {
-        if !frame.function.starts_with("[unknown]") {
+    fn of(frame: &Frame) -> Option<Self> {
+        if !frame.is_unnamed() {
             return None;
         }
         Some(match &*frame.module {
-            "[unknown]" | "[unmapped]" => Unnamed::NotMapped,
-            "[anon]" => Unnamed::Jit,
+            Frame::UNREAD_MODULE | Frame::UNMAPPED_MODULE => Unnamed::NotMapped,
+            Backing::ANONYMOUS_NAME => Unnamed::Jit,
             _ => Unnamed::NoSymbols,
         })
     }
@@ -213,7 +215,7 @@ fn unnamed_frames(busy: &StackProfile, total: u64) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{profile::WeightedStack, symbolize::Frame};
+    use crate::profile::WeightedStack;
 
     /// A stack of `process` from (function, module) frames.
     fn stack(process: &str, frames: &[(&str, &str)], weight: u64) -> WeightedStack {
