@@ -10,6 +10,8 @@ use std::{
 
 use procfs::process::MMapPath;
 
+mod query;
+
 /// What backs an executable mapping.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Backing {
@@ -74,16 +76,32 @@ pub struct ProcessMaps {
 }
 
 impl ProcessMaps {
-    /// Reads /proc/PID/maps now.
+    /// Reads the process's executable mappings now.
     pub fn read(pid: u32) -> std::io::Result<Self> {
-        let text = crate::target::read_proc_text(&format!("/proc/{pid}/maps"))?;
-        Ok(Self::parse(pid, executable_lines(&text)))
+        Ok(Self::read_if_changed(pid, None)?.map_or_else(Self::default, |(maps, _)| maps))
     }
 
-    /// Reads /proc/PID/maps now, when its executable mappings differ from those whose digest
+    /// Reads the process's executable mappings now, when they differ from those whose digest
     /// is `known`; returns them with their digest. A process's maps are read again every few
     /// seconds, and are nearly always unchanged: then nothing is parsed or looked up.
     pub fn read_if_changed(pid: u32, known: Option<u64>) -> std::io::Result<Option<(Self, u64)>> {
+        if let Some(listed) = query::executable_mappings(pid) {
+            let listed = listed?;
+            let digest = query::digest(&listed);
+            if known == Some(digest) {
+                return Ok(None);
+            }
+            let mappings = listed.into_iter().map(|listed| {
+                let path = MMapPath::from(&listed.name).unwrap_or(MMapPath::Other(listed.name));
+                (listed.start, listed.end, listed.offset, listed.inode, path)
+            });
+            return Ok(Some((Self::from_listed(pid, mappings), digest)));
+        }
+        Self::read_text_if_changed(pid, known)
+    }
+
+    /// `read_if_changed` from the maps file's text: kernels before 6.11.
+    fn read_text_if_changed(pid: u32, known: Option<u64>) -> std::io::Result<Option<(Self, u64)>> {
         use std::hash::{Hash as _, Hasher as _};
         let text = crate::target::read_proc_text(&format!("/proc/{pid}/maps"))?;
         let lines: Vec<&str> = executable_lines(&text).collect();
@@ -103,14 +121,21 @@ impl ProcessMaps {
         let parsed = procfs::process::MemoryMaps::from_buf_read(text.as_bytes())
             .map(|maps| maps.0)
             .unwrap_or_default();
-        let mut mappings: Vec<Mapping> = parsed
-            .into_iter()
-            .map(|map| Mapping {
-                start: map.address.0,
-                end: map.address.1,
-                file_offset: map.offset,
-                backing: match map.pathname {
-                    MMapPath::Path(path) => file_backing(pid, path, map.inode, map.address),
+        let mappings =
+            parsed.into_iter().map(|map| (map.address.0, map.address.1, map.offset, map.inode, map.pathname));
+        Self::from_listed(pid, mappings)
+    }
+
+    /// The mappings of `pid` from (start, end, file offset, inode, name) as the kernel listed
+    /// them.
+    fn from_listed(pid: u32, listed: impl Iterator<Item = (u64, u64, u64, u64, MMapPath)>) -> Self {
+        let mut mappings: Vec<Mapping> = listed
+            .map(|(start, end, file_offset, inode, name)| Mapping {
+                start,
+                end,
+                file_offset,
+                backing: match name {
+                    MMapPath::Path(path) => file_backing(pid, path, inode, (start, end)),
                     MMapPath::Vdso => Backing::Vdso,
                     MMapPath::Anonymous => Backing::Anonymous,
                     other => Backing::Other(format!("{other:?}").to_lowercase()),
@@ -118,8 +143,7 @@ impl ProcessMaps {
             })
             .collect();
         mappings.sort_by_key(|m| m.start);
-        // Collected in place, into procfs's buffer of its own (bigger) entries: kept for the
-        // process table's life, for every process a busy host ran.
+        // Kept for the process table's life, for every process a busy host ran.
         mappings.shrink_to_fit();
         let owner = std::fs::metadata(format!("/proc/{pid}")).ok().map(|meta| meta.uid());
         let vdso = vdso_of(&mappings);
@@ -289,6 +313,44 @@ mod tests {
         ]));
         let names: Vec<String> = maps.mappings().iter().map(Mapping::module_name).collect();
         assert_eq!(names, ["a", "new.so"]);
+    }
+
+    /// Both ways of reading a process's mappings give the same ones: sysprof's own (its
+    /// libraries, vDSO and anonymous code where it has any) and a Python process's (dozens of
+    /// extension modules).
+    #[test]
+    fn the_query_lists_what_the_text_does() {
+        if !query::supported() {
+            // The platform's kernel (6.18) has it; an older one reads the text, tested below.
+            assert!(std::env::var_os("CI").is_none(), "PROCMAP_QUERY is missing on this kernel");
+            eprintln!("PROCMAP_QUERY is not supported here (Linux 6.11+): only the text is read");
+            return;
+        }
+        let mut python = std::process::Command::new("python3")
+            .args(["-c", "import json, decimal, sqlite3, ctypes, sys; print(flush=True); sys.stdin.read()"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(python.stdout.take().unwrap()), &mut line)
+            .unwrap();
+        for pid in [std::process::id(), python.id()] {
+            let queried = ProcessMaps::read(pid).unwrap();
+            let (mut text, _) = ProcessMaps::read_text_if_changed(pid, None).unwrap().unwrap();
+            // The one line of the text the query does not list: `[vsyscall]`, the legacy page
+            // of the kernel's, not a mapping of the process (code there runs in the kernel).
+            text.mappings.retain(|m| m.backing != Backing::Other("vsyscall".into()));
+            assert_eq!(queried, text, "process {pid}");
+            assert!(queried.vdso() != 0 && queried.vdso() == text.vdso());
+            assert!(queried.mappings().len() >= 3, "{queried:?}");
+        }
+        let (queried, digest) = ProcessMaps::read_if_changed(python.id(), None).unwrap().unwrap();
+        assert!(queried.mappings().iter().any(|m| m.module_name().starts_with("_sqlite3")), "{queried:?}");
+        assert_eq!(ProcessMaps::read_if_changed(python.id(), Some(digest)).unwrap(), None);
+        python.kill().unwrap();
+        python.wait().unwrap();
+        assert!(ProcessMaps::read_if_changed(python.id(), None).is_err(), "a process gone has no maps");
     }
 
     #[test]
