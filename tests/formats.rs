@@ -446,3 +446,60 @@ fn the_timeline_shows_each_thread_its_samples_waits_and_slow_calls() {
         "{values}"
     );
 }
+
+/// sysprof rests while nothing happens: a trace of a sleeping command wakes it a few times a
+/// second, not the fifty of its 20 ms tick (67 a second before it rested, with the sampler's,
+/// the statistics' and the status line's wakeups). And what happens then wakes it: 500 threads
+/// that wake every 10 ms after sleeping 2.5 s record some 100,000 timeline events a second (a
+/// wait and a sleep call each), which fill the kernel's ring (10,922 events) faster than a
+/// resting sysprof ticks (250 ms). The event that finds the ring a quarter full wakes it, and
+/// nothing is lost.
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_resting_sysprof_wakes_for_a_burst_and_loses_nothing() {
+    let Some(_guard) = root_guard("a_resting_sysprof_wakes_for_a_burst_and_loses_nothing") else { return };
+    let dir = output_dir();
+    let mut tracing = spawn_tracing_with(
+        sysprof()
+            .args(["trace", "-o"])
+            .arg(dir.path())
+            .arg("--")
+            .arg(workload("sysload"))
+            .args(["tickers", "500", "1", "2.5"]),
+    );
+    let sysprof_pid = tracing.child.id();
+    let switches = || -> u64 {
+        std::fs::read_dir(format!("/proc/{sysprof_pid}/task"))
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+            .flat_map(|status| {
+                status
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:")?.trim().parse().ok())
+                    .collect::<Vec<u64>>()
+            })
+            .sum()
+    };
+    // The threads are started and asleep well within 0.7 s; the burst begins at 2.5 s.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let (before, started) = (switches(), std::time::Instant::now());
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let per_s = (switches() - before) as f64 / started.elapsed().as_secs_f64();
+    assert!(per_s < 25.0, "sysprof woke {per_s:.0} times a second while its target slept");
+
+    let status = wait_bounded(&mut tracing.child, std::time::Duration::from_secs(120));
+    assert!(status.success(), "{}", tracing.stderr());
+    let report = read_report(dir.path());
+    let process =
+        report["sched"]["processes"].as_array().unwrap().iter().find(|p| p["name"] == "sysload").unwrap();
+    // The burst was fast enough to fill the ring between two resting ticks: each switch is a
+    // wait on the timeline, and its sleep call another.
+    let waits = process["voluntary_switches"].as_u64().unwrap();
+    assert!(waits >= 25_000, "{process:#}");
+    let limitations = report["limitations"].as_array().unwrap();
+    assert!(
+        !limitations.iter().any(|l| l.as_str().unwrap().contains("lost in the kernel")),
+        "{limitations:#?}"
+    );
+    assert!(dir.path().join("timeline.pftrace").is_file());
+}

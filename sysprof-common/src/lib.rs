@@ -82,6 +82,10 @@ pub mod names {
     /// moves it on when the target set changes, as a verdict is only as new as the switch that
     /// made it.
     pub const NOTES_EPOCH: &str = ".data.notes";
+    /// Global `u32`: non-zero while userspace rests (drains its rings every quarter of a
+    /// second, nothing having happened for a while). The first process event, or the timeline
+    /// event that finds its ring a quarter full, wakes it and sets it back to 0.
+    pub const USERSPACE_RESTING: &str = ".data.resting";
     /// Hash: [`crate::SyscallErrorKey`] -> count of failed calls.
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
     /// Array: syscall number -> [`crate::SyscallStats`] of the calls of every process

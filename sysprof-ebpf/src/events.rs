@@ -24,6 +24,34 @@ pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(capacity::PROCESS_E
 #[map]
 static EXEC_WOKE: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Non-zero while userspace rests (`sysprof_common::names::USERSPACE_RESTING`): nothing
+/// happened for a while, and it drains its rings every quarter of a second instead of every
+/// 20 ms. The first event that would have waited for its tick wakes it instead, and takes the
+/// flag, so that the events after it wait again. A global read at a fixed address, as the
+/// window (see `window.rs`), and written here too.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = ".data.resting")]
+static mut USERSPACE_RESTING: u32 = 0;
+
+/// Whether userspace rests.
+#[inline(always)]
+pub fn resting() -> bool {
+    // SAFETY: a plain read of the global.
+    unsafe { *(&raw const USERSPACE_RESTING) != 0 }
+}
+
+/// Whether userspace rests; if so, it will not from now on (the caller wakes it).
+#[inline(always)]
+pub fn take_resting() -> bool {
+    if !resting() {
+        return false;
+    }
+    // SAFETY: a plain write of the global; two CPUs that both take it both wake userspace,
+    // which is harmless.
+    unsafe { *(&raw mut USERSPACE_RESTING) = 0 };
+    true
+}
+
 /// Sends one event (see `sysprof_common::process_event`); a full ring counts a loss.
 #[inline(always)]
 pub fn emit(kind: u32, pid: u32, parent_pid: u32, detail: u32, started_ns: u64) {
@@ -51,7 +79,8 @@ pub fn emit(kind: u32, pid: u32, parent_pid: u32, detail: u32, started_ns: u64) 
 /// -j2`'s process-event cost. Two kinds are urgent: an exec (the new program's maps and unwind
 /// tables, read before a short-lived process is gone) and a stack with new Python code (its
 /// names, read while the code objects exist). Forks, exits and mapped libraries wait, in order,
-/// for the next urgent event or userspace's next drain (its tick, 20 ms); a new process's
+/// for the next urgent event or userspace's next drain (its tick, 20 ms), unless userspace
+/// rests (see `USERSPACE_RESTING`): the first of them then wakes it; a new process's
 /// libraries are read by its early rescans anyway. The urgent ones force their wakeup: the
 /// kernel's own choice skips it while earlier records are still unread. Execs wake userspace
 /// at most once per `EXEC_WAKEUP_GAP_NS`: a shell script execs hundreds of programs a second
@@ -73,6 +102,7 @@ fn wakeup(kind: u32, now: u64) -> u64 {
             }
             BPF_RB_FORCE_WAKEUP as u64
         }
+        _ if take_resting() => BPF_RB_FORCE_WAKEUP as u64,
         _ => BPF_RB_NO_WAKEUP as u64,
     }
 }

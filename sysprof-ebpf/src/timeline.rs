@@ -3,9 +3,15 @@
 //! events here when the timeline is on (`Config::timeline_min_us`), after their own filters.
 //!
 //! Submitted without a wakeup: userspace drains the ring on its tick, so a busy target costs
-//! no wakeup of sysprof per event.
+//! no wakeup of sysprof per event. While userspace rests (`events::take_resting`: its tick is
+//! a quarter of a second), the event that finds the ring a quarter full wakes it: a target
+//! that goes from idle to busy fills the ring in less than that.
 
-use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, macros::map, maps::RingBuf};
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    macros::map,
+    maps::RingBuf,
+};
 use sysprof_common::{Counter, timeline::TimelineEvent};
 
 use crate::{config::config, counters};
@@ -31,7 +37,19 @@ pub fn long_enough(ns: u64) -> bool {
 /// 48 bytes (a probed call's return took 5 ns less, kernel statistics on).
 #[inline(always)]
 pub fn record(event: TimelineEvent) {
-    if TIMELINE.output::<TimelineEvent>(&event, BPF_RB_NO_WAKEUP as u64).is_err() {
+    if TIMELINE.output::<TimelineEvent>(&event, wakeup()).is_err() {
         counters::add(Counter::TimelineLost, 1);
     }
+}
+
+/// No wakeup, but for the event that finds the ring a quarter full while userspace rests.
+#[inline(always)]
+fn wakeup() -> u64 {
+    if crate::events::resting()
+        && TIMELINE.query(BPF_RB_AVAIL_DATA as u64) >= u64::from(sysprof_common::timeline::CAPACITY / 4)
+        && crate::events::take_resting()
+    {
+        return BPF_RB_FORCE_WAKEUP as u64;
+    }
+    BPF_RB_NO_WAKEUP as u64
 }

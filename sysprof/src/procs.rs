@@ -175,6 +175,11 @@ impl ProcessTable {
         self.rescan_interval = interval;
     }
 
+    /// How often live processes' maps are re-read.
+    pub fn rescan_interval(&self) -> Duration {
+        self.rescan_interval
+    }
+
     /// Reads every live process's memory this often (see [`Schedule`]).
     pub fn sample_memory_every(&mut self, interval: Duration) {
         self.memory = Some(Schedule::new(interval));

@@ -268,7 +268,10 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     };
     let mut timeline = match config.timeline_events {
         0 => None,
-        events => Some(timeline::Collector::new(probes.take_ring(sysprof_common::timeline::EVENTS)?, events)),
+        events => Some(
+            timeline::Collector::new(probes.take_ring(sysprof_common::timeline::EVENTS)?, events)
+                .context("polling the timeline's ring")?,
+        ),
     };
     if resolved.filter == filter::TARGETS {
         for &pid in &resolved.pids {

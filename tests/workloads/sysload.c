@@ -40,9 +40,11 @@
 //                                 prints "end_realtime_ns=X" as it exits (the start and end
 //                                 benchmark's clock: CLOCK_REALTIME, comparable across
 //                                 processes)
-//   sysload tickers THREADS SECONDS
-//                                 THREADS threads that each wake every 10 ms for SECONDS;
-//                                 prints "cpu_ns=X", the process's CPU time
+//   sysload tickers THREADS SECONDS [QUIET_S]
+//                                 THREADS threads that each wake every 10 ms for SECONDS,
+//                                 after one sleep of QUIET_S (none when not given): a burst
+//                                 from a process that was idle; prints "cpu_ns=X", the
+//                                 process's CPU time
 //   sysload leaderexit WAIT_MS MS  sleeps WAIT_MS, starts a thread that burns MS ms of its CPU
 //                                 in burn_after_leader_exit, and ends its main thread alone
 //                                 (pthread_exit): the process runs on without its leader
@@ -223,10 +225,11 @@ __attribute__((noinline)) static void *sleep_holding_lock(void *arg) {
     return NULL;
 }
 
-static double ticker_deadline;
+static double ticker_deadline, ticker_quiet_s;
 
 __attribute__((noinline)) static void *ticker(void *arg) {
     (void)arg;
+    if (ticker_quiet_s > 0) sleep_us((long)(ticker_quiet_s * 1e6));
     while (now() < ticker_deadline) sleep_us(10000);
     return NULL;
 }
@@ -431,7 +434,8 @@ int main(int argc, char **argv) {
     }
     if (strcmp(mode, "tickers") == 0 && argc >= 4) {
         int threads = atoi(argv[2]);
-        ticker_deadline = now() + atof(argv[3]);
+        ticker_quiet_s = argc >= 5 ? atof(argv[4]) : 0;
+        ticker_deadline = now() + ticker_quiet_s + atof(argv[3]);
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, 64 * 1024);

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use aya::maps::{MapData, RingBuf};
 use serde::{Deserialize, Serialize};
 use sysprof_common::timeline::{TimelineEvent, kind};
+use tokio::io::unix::AsyncFd;
 
 use crate::readout::Bytes;
 
@@ -139,20 +140,35 @@ fn sample_hash(event: &TimelineEvent) -> u64 {
 
 /// Drains the kernel's timeline ring during the trace.
 pub struct Collector {
-    ring: RingBuf<MapData>,
+    ring: AsyncFd<RingBuf<MapData>>,
     timeline: Timeline,
 }
 
 impl Collector {
-    /// Starts the timeline now (its clocks), keeping at most `capacity` events.
-    pub fn new(ring: RingBuf<MapData>, capacity: usize) -> Self {
-        Collector { ring, timeline: Timeline { clocks: Clocks::now(), capacity, ..Timeline::default() } }
+    /// Starts the timeline now (its clocks), keeping at most `capacity` events. Inside the
+    /// runtime: the ring is polled for the wakeup a resting sysprof gets (see `woken`).
+    pub fn new(ring: RingBuf<MapData>, capacity: usize) -> std::io::Result<Self> {
+        // SAFETY: the ring buffer owns its map fd, which stays open and unchanged until the
+        // AsyncFd (which owns the ring buffer) is dropped.
+        let ring = unsafe { AsyncFd::register(ring) }?;
+        Ok(Collector { ring, timeline: Timeline { clocks: Clocks::now(), capacity, ..Timeline::default() } })
     }
 
-    /// Takes what the kernel recorded since the last drain, naming each new thread.
-    pub fn drain(&mut self) {
+    /// Resolves when the kernel woke the ring: only the event that finds it a quarter full
+    /// while sysprof rests does (the programs' `timeline::wakeup`), and the caller drains it.
+    pub async fn woken(&mut self) -> std::io::Result<()> {
+        self.ring.readable_mut().await?.clear_ready();
+        Ok(())
+    }
+
+    /// Takes what the kernel recorded since the last drain, naming each new thread; how many
+    /// events that was.
+    pub fn drain(&mut self) -> usize {
         let timeline = &mut self.timeline;
-        while let Some(item) = self.ring.next() {
+        let ring = self.ring.get_mut();
+        let mut drained = 0;
+        while let Some(item) = ring.next() {
+            drained += 1;
             if item.len() < size_of::<TimelineEvent>() {
                 continue;
             }
@@ -172,6 +188,7 @@ impl Collector {
         if timeline.events.len() > timeline.capacity {
             timeline.bound();
         }
+        drained
     }
 
     /// The timeline, once the trace is over (after a last drain).

@@ -83,7 +83,7 @@ pub(crate) fn write(
     let lost = counters.get(Counter::TimelineLost);
     if lost > 0 {
         notes.push(format!(
-            "{} timeline events were lost in the kernel (its ring was full between two drains): the timeline has              gaps, every other output is whole",
+            "{} timeline events were lost in the kernel (its ring was full between two drains): the timeline has gaps, every other output is whole",
             crate::report::format::thousands(lost)
         ));
     }

@@ -175,6 +175,12 @@ impl Unwinder {
         }
     }
 
+    /// Whether tables were asked for and are not installed yet: the collect loop keeps its
+    /// short tick until they are (see `collect::Cadence`).
+    pub fn waiting(&self) -> bool {
+        self.files.values().any(|state| matches!(state, FileState::Pending))
+    }
+
     /// Asks for the tables of a program about to be launched: itself, its dynamic loader and
     /// the libraries it needs (as the loader will find them), and the vDSO, so that they are
     /// ready when it execs (see `settle`) and its first milliseconds are unwound too.
