@@ -61,8 +61,6 @@ pub struct StackSample {
 /// Marker frames for stacks the kernel could not keep.
 const LOST_USER_STACK: &str = "[user stack lost]";
 const LOST_KERNEL_STACK: &str = "[kernel stack lost]";
-/// Marker frame for a leaf in code no longer mapped when the process's maps were read.
-const UNMAPPED_CODE: &str = "[unmapped code]";
 
 /// Stacks resolved to frames: kernel stacks by id, user stacks by (process, id) since the same
 /// addresses mean different code in different processes.
@@ -158,7 +156,7 @@ impl ResolvedStacks {
                 resolved.truncate(leaf);
                 // One frame for every such stack: a busy host's short processes have thousands.
                 static UNMAPPED: std::sync::OnceLock<Frame> = std::sync::OnceLock::new();
-                resolved.push(UNMAPPED.get_or_init(|| marker(UNMAPPED_CODE)).clone());
+                resolved.push(UNMAPPED.get_or_init(|| marker(Frame::UNMAPPED_CODE)).clone());
             }
             let mut merged = crate::python::merge(resolved, python, python_code, id, &mut python_frames);
             // As the kernel's: a busy machine's fault profile resolves thousands of stacks.

@@ -76,6 +76,9 @@ impl Frame {
     pub const UNREAD_MODULE: &'static str = "[unknown]";
     /// The module of an address outside every mapping of the process's last read.
     pub const UNMAPPED_MODULE: &'static str = "[unmapped]";
+    /// The function of a leaf in code unmapped before the process's maps were read (the
+    /// program before its exec), in place of the frames its addresses would give now.
+    pub const UNMAPPED_CODE: &'static str = "[unmapped code]";
 
     pub fn is_kernel(&self) -> bool {
         *self.module == *Self::KERNEL_MODULE

@@ -140,6 +140,9 @@ enum Unnamed {
 
 impl Unnamed {
     fn of(frame: &Frame) -> Option<Self> {
+        if &*frame.function == Frame::UNMAPPED_CODE {
+            return Some(Unnamed::NotMapped);
+        }
         if !frame.is_unnamed() {
             return None;
         }
@@ -193,7 +196,8 @@ fn unnamed_frames(busy: &StackProfile, total: u64) -> Vec<String> {
             match reason {
                 Unnamed::NotMapped => format!(
                     "{share} of the target's on-CPU samples have frames at addresses sysprof had no map of \
-                     ([unknown] [unknown]+0x... and [unknown] [unmapped]+0x... frames; processes: {listed}): a \
+                     ([unknown] [unknown]+0x..., [unknown] [unmapped]+0x... and [unmapped code] frames; \
+                     processes: {listed}): a \
                      program that ended within milliseconds of its start was gone before sysprof read where its \
                      code was, or code was loaded after the last read. Their time is counted under their \
                      process, and symbols would not name it"
@@ -247,7 +251,9 @@ mod tests {
                 &[("[unknown] [unknown]+0x5591", "[unknown]"), ("[unknown] [unknown]+0x7f22", "[unknown]")],
                 200,
             ),
-            stack("as", &[("[unknown] [unmapped]+0x9000", "[unmapped]")], 50),
+            stack("as", &[("[unknown] [unmapped]+0x9000", "[unmapped]")], 30),
+            // A leaf in the code of the program before an exec.
+            stack("sh", &[("main", "sh"), (Frame::UNMAPPED_CODE, "")], 20),
             // A stripped library, twice in one stack: its samples count once.
             stack(
                 "make",
@@ -267,7 +273,7 @@ mod tests {
             "{}",
             limits[0]
         );
-        assert!(limits[0].contains("processes: cc1, as)"), "{}", limits[0]);
+        assert!(limits[0].contains("processes: cc1, as, sh)"), "{}", limits[0]);
         assert!(!limits[0].contains("debug symbols"), "{}", limits[0]);
         assert!(
             limits[1].starts_with(
