@@ -260,7 +260,7 @@ const QUIET_TICKS: u32 = 5;
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 
 /// How often the collect loop wakes for what does not wake it (forks, exits, mapped libraries,
-/// the timeline; see the programs' `events::wakeup`). Every `TICK` while anything happens; after
+/// probed calls' events, the timeline; see the programs' `events::wakeup`). Every `TICK` while anything happens; after
 /// `QUIET_TICKS` that find nothing, sysprof rests: it ticks every `REST_TICK` (or the memory
 /// reads' or the maps rescans' period, if shorter), and tells the programs (`names::USERSPACE_RESTING`), so
 /// that the first process event, or a timeline ring a quarter full, wakes it instead of
@@ -306,7 +306,7 @@ impl Cadence {
         if self.resting { self.rest_tick } else { TICK }
     }
 
-    /// Whether the tick just run found nothing to do: no process event, the timeline slow
+    /// Whether the tick just run found nothing to do: no process or call event, the timeline slow
     /// (see `timeline_quarter`), no maps changed, no table awaited.
     fn quiet(&mut self, events: usize, timeline: usize, processes: &ProcessTable, unwinding: bool) -> bool {
         let now = Instant::now();
@@ -514,10 +514,16 @@ pub async fn collect(
                     unwinder.sync(probes, processes);
                 }
             }
+            // Only the first call event while sysprof rests, or a ring a quarter full, wakes
+            // it (the programs' `calls::event_wakeup`); the others are drained on the tick.
             guard = readable(&mut call_events) => {
                 let mut guard = guard?;
                 drain_calls(guard.get_inner_mut(), calls);
                 guard.clear_ready();
+                if cadence.resting {
+                    cadence.wake(probes);
+                    next_tick = next_tick.min(tokio::time::Instant::now() + TICK);
+                }
             }
             _ = sleep_until(processes.next_early_rescan().map(tokio::time::Instant::from_std)) => {
                 processes.rescan_due();
@@ -544,6 +550,8 @@ pub async fn collect(
                 // Forks, exits and mapped libraries do not wake sysprof (see the programs'
                 // `events::wakeup`): they are read here, if no exec came first.
                 let drained = drain_events(events.get_mut(), processes);
+                let call_events_drained =
+                    call_events.as_mut().map_or(0, |ring| drain_calls(ring.get_mut(), calls));
                 forget_ended_targets(probes, processes);
                 processes.rescan_due();
                 processes.sample_memory_due();
@@ -554,7 +562,8 @@ pub async fn collect(
                 }
                 let unwinding = unwinder.as_deref().is_some_and(Unwinder::waiting);
                 let was_resting = cadence.resting;
-                let quiet = cadence.quiet(drained.events, timeline_events, processes, unwinding);
+                let quiet =
+                    cadence.quiet(drained.events + call_events_drained, timeline_events, processes, unwinding);
                 cadence.after_tick(quiet, probes);
                 // An event sent just before the programs were told did not wake sysprof.
                 if cadence.resting && !was_resting && drain_events(events.get_mut(), processes).events > 0 {
@@ -642,14 +651,18 @@ fn drain_events(ring: &mut RingBuf<MapData>, processes: &mut ProcessTable) -> Dr
     drained
 }
 
-fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) {
+/// Applies the probed calls' events the kernel sent; how many.
+fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) -> usize {
+    let mut drained = 0;
     while let Some(item) = ring.next() {
         if item.len() >= size_of::<CallEvent>() {
             // SAFETY: as in drain_events, for a CallEvent.
             let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<CallEvent>()) };
             calls.on_event(&event);
+            drained += 1;
         }
     }
+    drained
 }
 
 /// The timeline ring's wakeup (see `timeline::Collector::woken`); never when there is none.
