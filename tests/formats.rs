@@ -468,18 +468,7 @@ fn a_resting_sysprof_wakes_for_a_burst_and_loses_nothing() {
             .args(["tickers", "500", "1", "2.5"]),
     );
     let sysprof_pid = tracing.child.id();
-    let switches = || -> u64 {
-        std::fs::read_dir(format!("/proc/{sysprof_pid}/task"))
-            .unwrap()
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
-            .flat_map(|status| {
-                status
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:")?.trim().parse().ok())
-                    .collect::<Vec<u64>>()
-            })
-            .sum()
-    };
+    let switches = || voluntary_switches(sysprof_pid);
     // The threads are started and asleep well within 0.7 s; the burst begins at 2.5 s.
     std::thread::sleep(std::time::Duration::from_millis(700));
     let (before, started) = (switches(), std::time::Instant::now());

@@ -475,18 +475,7 @@ fn call_events_do_not_wake_sysprof_per_call_and_all_arrive() {
             .args(["pageable", "3000000"]),
     );
     let sysprof_pid = tracing.child.id();
-    let switches = || -> u64 {
-        std::fs::read_dir(format!("/proc/{sysprof_pid}/task"))
-            .unwrap()
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
-            .flat_map(|status| {
-                status
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:")?.trim().parse().ok())
-                    .collect::<Vec<u64>>()
-            })
-            .sum()
-    };
+    let switches = || voluntary_switches(sysprof_pid);
     // The probes are attached within the first half second; the loop runs for seconds.
     std::thread::sleep(std::time::Duration::from_millis(700));
     let (before, started) = (switches(), std::time::Instant::now());

@@ -180,7 +180,12 @@ fn python_functions_have_py_spys_shares_and_their_own_on_every_version() {
                 "{label} {function}: sysprof {ours:.1}%, py-spy {theirs:.1}%, own time {true_share:.1}%"
             );
             eprintln!("{line}");
-            if (ours - theirs).abs() > 5.0 || (ours - true_share).abs() > 5.0 {
+            // Within 5 points of the truth (the phase's own CPU time), and of py-spy unless
+            // sysprof is the nearer to the truth: on a loaded machine py-spy strays too (a CI
+            // run read sort_phase at py-spy 43.6%, sysprof 49.1%, own time 49.1%), and its
+            // error is not sysprof's.
+            let off_truth = (ours - true_share).abs();
+            if off_truth > 5.0 || ((ours - theirs).abs() > 5.0 && off_truth >= (theirs - true_share).abs()) {
                 failures.push(line);
             }
         }

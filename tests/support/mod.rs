@@ -435,6 +435,21 @@ impl TestUser {
     }
 }
 
+/// The voluntary context switches of every thread of `pid` so far: how often it slept and was
+/// woken (sysprof's own, to count its wakeups).
+pub fn voluntary_switches(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:")?.trim().parse().ok())
+                .collect::<Vec<u64>>()
+        })
+        .sum()
+}
+
 /// Whether `pid` still runs (exists and is not a zombie).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
