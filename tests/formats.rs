@@ -467,13 +467,12 @@ fn a_resting_sysprof_wakes_for_a_burst_and_loses_nothing() {
             .arg(workload("sysload"))
             .args(["tickers", "500", "1", "2.5"]),
     );
-    let sysprof_pid = tracing.child.id();
-    let switches = || voluntary_switches(sysprof_pid);
     // The threads are started and asleep well within 0.7 s; the burst begins at 2.5 s.
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    let (before, started) = (switches(), std::time::Instant::now());
-    std::thread::sleep(std::time::Duration::from_millis(1200));
-    let per_s = (switches() - before) as f64 / started.elapsed().as_secs_f64();
+    let per_s = wakeups_per_second(
+        tracing.child.id(),
+        std::time::Duration::from_millis(700),
+        std::time::Duration::from_millis(1200),
+    );
     assert!(per_s < 25.0, "sysprof woke {per_s:.0} times a second while its target slept");
 
     let status = wait_bounded(&mut tracing.child, std::time::Duration::from_secs(120));

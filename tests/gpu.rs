@@ -474,13 +474,12 @@ fn call_events_do_not_wake_sysprof_per_call_and_all_arrive() {
             .arg(gpu_app())
             .args(["pageable", "3000000"]),
     );
-    let sysprof_pid = tracing.child.id();
-    let switches = || voluntary_switches(sysprof_pid);
     // The probes are attached within the first half second; the loop runs for seconds.
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    let (before, started) = (switches(), std::time::Instant::now());
-    std::thread::sleep(std::time::Duration::from_millis(1000));
-    let per_s = (switches() - before) as f64 / started.elapsed().as_secs_f64();
+    let per_s = wakeups_per_second(
+        tracing.child.id(),
+        std::time::Duration::from_millis(700),
+        std::time::Duration::from_millis(1000),
+    );
     assert!(per_s < 1000.0, "sysprof woke {per_s:.0} times a second during a loop of probed calls");
 
     let status = wait_bounded(&mut tracing.child, std::time::Duration::from_secs(120));

@@ -435,19 +435,25 @@ impl TestUser {
     }
 }
 
-/// The voluntary context switches of every thread of `pid` so far: how often it slept and was
-/// woken (sysprof's own, to count its wakeups).
-pub fn voluntary_switches(pid: u32) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
-        .flat_map(|status| {
-            status
-                .lines()
-                .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:")?.trim().parse().ok())
-                .collect::<Vec<u64>>()
-        })
-        .sum()
+/// How often `pid` (sysprof) slept and was woken, a second: the voluntary context switches of
+/// all its threads over `over`, counted from `after` from now.
+pub fn wakeups_per_second(pid: u32, after: Duration, over: Duration) -> f64 {
+    let switches = || -> u64 {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+            .flat_map(|status| {
+                status
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:")?.trim().parse().ok())
+                    .collect::<Vec<u64>>()
+            })
+            .sum()
+    };
+    std::thread::sleep(after);
+    let (before, started) = (switches(), std::time::Instant::now());
+    std::thread::sleep(over);
+    (switches() - before) as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Whether `pid` still runs (exists and is not a zombie).
