@@ -11,7 +11,8 @@
 //                     copied once then freed on the host; a 512 KiB heap buffer copied once and
 //                     kept (with the test doubles)
 //   gpu_app pageable N   N host-to-device copies of 1 MiB from pageable memory in load_batch (with
-//                        the test doubles: 1 GB/s, about N ms)
+//                        the test doubles: 1 GB/s, about N ms); prints "ns_per_call=X" per copy
+//                        (and with WORKLOAD_BPF_TIME=1, "bpf_ns_per_call=X", parent_bpf.h)
 //   gpu_app syncs N      N launches, each followed by a cudaDeviceSynchronize in step (with the
 //                        test doubles: 2 ms per synchronize)
 //   gpu_app collectives N MS   N rounds of MS ms of CPU work in compute_step, then an all-reduce:
@@ -24,6 +25,7 @@
 #include <time.h>
 
 #include "cuda_api.h"
+#include "parent_bpf.h"
 
 // Stands for a kernel's host stub, the pointer cudaLaunchKernel receives.
 __attribute__((noinline)) void vector_add_kernel_stub(void) { __asm__ volatile(""); }
@@ -151,7 +153,12 @@ int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "pageable") == 0) {
         void *dev = NULL;
         cudaMalloc(&dev, 1 << 20);
-        for (long i = 0, n = atol(argv[2]); i < n; i++) load_batch(dev);
+        long n = atol(argv[2]);
+        double start = seconds_now();
+        for (long i = 0; i < n; i++) load_batch(dev);
+        // The loop's own time a copy, for `cargo xtask bench gpu`.
+        if (n > 0) printf("ns_per_call=%.1f\n", (seconds_now() - start) * 1e9 / n);
+        print_parent_bpf(n);
         return 0;
     }
     if (argc >= 3 && strcmp(argv[1], "syncs") == 0) {

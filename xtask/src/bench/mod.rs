@@ -48,6 +48,10 @@ enum Bench {
     /// family without them, and by bpftrace doing the same job (uprobe+uretprobe on malloc, size
     /// by stack, live blocks, uprobe on free)
     Malloc,
+    /// A loop of cudaMemcpy (NVIDIA's real libcudart, no GPU: each call fails at once): ns
+    /// added per call by sysprof's GPU probes (arguments, time and site of every call, each sent
+    /// to userspace as an event) and by bpftrace timing the same calls by kind and user stack
+    GpuCalls,
     /// Fresh pages touched one by one: ns added per page fault by sysprof's fault counting
     /// (exact counts, 1 stack in 8) and by bpftrace counting faults by user stack
     Faults,
@@ -154,6 +158,22 @@ tracepoint:sched:sched_switch {
 }
 ";
 
+/// bpftrace on `function` (`PATH:cudaMemcpy`) doing the part of sysprof's job it can keep in
+/// maps: each copy's time by kind and user stack, bytes by kind, failures. sysprof also sends
+/// every call, with its arguments, to userspace (the timeline, the copies' analysis): the
+/// bpftrace script that does that too (a printf a call) cost more here, 4.1-5.2 us a call
+/// against 2.3-3.3.
+fn bpftrace_gpu_calls(function: &str) -> String {
+    format!(
+        "uprobe:{function} /pid == cpid/ {{ @start[tid] = nsecs; @bytes[tid] = arg2; @kind[tid] = arg3; }}\n\
+         uretprobe:{function} /@start[tid]/ {{\n\
+         \x20 @time[@kind[tid], ustack] = hist(nsecs - @start[tid]); @moved[@kind[tid]] = sum(@bytes[tid]);\n\
+         \x20 if (retval != 0) {{ @failed = count(); }}\n\
+         \x20 delete(@start[tid]); delete(@bytes[tid]); delete(@kind[tid]);\n\
+         }}\n"
+    )
+}
+
 pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -184,6 +204,9 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     if all || args.bench == Bench::Malloc {
         runner.malloc()?;
+    }
+    if all || args.bench == Bench::GpuCalls {
+        runner.gpu_calls()?;
     }
     if all || args.bench == Bench::Faults {
         runner.faults()?;
@@ -482,6 +505,35 @@ impl Runner<'_> {
         self.added_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free", 1.0);
         self.floor_row(&measured, "sysprof --malloc", "heap: ns added per malloc/free");
         self.program_time_row(&configs, "sysprof --malloc", "heap: ns added per malloc/free", 1.0)
+    }
+
+    fn gpu_calls(&self) -> anyhow::Result<()> {
+        let libs = match crate::nvidia::ensure() {
+            Ok(libs) => libs,
+            Err(error) => {
+                eprintln!("bench: NVIDIA's libraries are not here ({error:#}): no GPU calls row");
+                return Ok(());
+            }
+        };
+        let gpu_app = build_gpu_app(self.root, self.out, &libs)?;
+        let workload = vec![gpu_app.display().to_string(), "pageable".into(), "300000".into()];
+        let memcpy = format!("{}:cudaMemcpy", libs.join("libcudart.so.12").display());
+        let mut configs = vec![
+            Config { name: "bare".into(), argv: workload.clone() },
+            self.sysprof_config("sysprof --focus gpu", &["--focus", "gpu"], &workload),
+            empty_programs_config(&[&memcpy], &[&memcpy], &[], &workload)?,
+        ];
+        configs.extend(self.bpftrace_config(&bpftrace_gpu_calls(&memcpy), &workload)?);
+        println!(
+            "\ngpu calls: cudaMemcpy x 300,000 (NVIDIA's libcudart, no GPU), {} rounds, medians",
+            self.runs
+        );
+        let measured = measure(&configs, self.runs, "ns_per_call")?;
+        print_added(&measured, "ns per call");
+        let row = "GPU calls: ns added per cudaMemcpy";
+        self.added_row(&measured, "sysprof --focus gpu", row, 1.0);
+        self.floor_row(&measured, "sysprof --focus gpu", row);
+        self.program_time_row(&configs, "sysprof --focus gpu", row, 1.0)
     }
 
     fn faults(&self) -> anyhow::Result<()> {
@@ -1094,6 +1146,24 @@ fn median(values: &mut [f64]) -> f64 {
 /// Builds `tests/workloads/NAME.c` the way the tests do (frame pointers, debug info).
 fn build_workload(root: &Path, out: &Path, name: &str) -> anyhow::Result<PathBuf> {
     build_workload_with(root, out, name, &["-O1", "-fno-omit-frame-pointer"])
+}
+
+/// `gpu_app` linked against the CUDA runtime and NCCL in `libs`, which it also finds there
+/// when it runs (its run path).
+fn build_gpu_app(root: &Path, out: &Path, libs: &Path) -> anyhow::Result<PathBuf> {
+    let binary = out.join("gpu_app");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    crate::run(
+        Command::new(&cc)
+            .args(["-O1", "-fno-omit-frame-pointer", "-g", "-o"])
+            .arg(&binary)
+            .arg(root.join("tests/workloads/gpu_app.c"))
+            .arg("-L")
+            .arg(libs)
+            .arg(format!("-Wl,-rpath,{}", libs.display()))
+            .args(["-l:libcudart.so.12", "-l:libnccl.so.2"]),
+    )?;
+    Ok(binary)
 }
 
 /// Builds `tests/workloads/NAME.c` with `flags` (and debug info).
