@@ -25,6 +25,11 @@ pub mod call {
     /// Key the statistics by argument 0 (the kernel launched), or by argument 1.
     pub const DETAIL_ARG0: u64 = 1 << 20;
     pub const DETAIL_ARG1: u64 = 1 << 21;
+    /// An argument read is past the sixth (on the stack, above the return address, on
+    /// x86-64): without this flag the entry reads the six in registers only. Two reads of user
+    /// memory were a seventh to an eighth of a cudaMemcpy entry's run time (kernel statistics),
+    /// and no copy but the 2D ones reads so far.
+    pub const STACK_ARGS: u64 = 1 << 22;
     /// The flags whose handling reads the call's arguments; a call with none of them is counted
     /// and timed by its site alone, and its entry reads no argument (each is a user read).
     pub const READS_ARGS: u64 = EVENT | OUT_ARG0 | MEMCPY3D_PARAMS | DETAIL_ARG0 | DETAIL_ARG1;

@@ -99,8 +99,9 @@ fn enter(ctx: &ProbeContext) -> u32 {
     state.user_stack_id = state.stack.user_stack(ctx, &entry, false);
     // The arguments only where something reads them (a `--func` call reads none).
     if cookie & call::READS_ARGS != 0 {
+        let read = if cookie & call::STACK_ARGS != 0 { state.args.len() } else { REGISTER_ARGS };
         for (index, arg) in state.args.iter_mut().enumerate() {
-            *arg = argument(ctx, index);
+            *arg = if index < read { argument(ctx, index) } else { 0 };
         }
     }
     state.caller = caller(ctx, &entry);
@@ -251,12 +252,16 @@ fn event_wakeup() -> u64 {
     BPF_RB_NO_WAKEUP as u64
 }
 
+/// The arguments every entry that reads any reads: the six x86-64 passes in registers. Those
+/// past them are on the stack there, read only for a function flagged `call::STACK_ARGS`.
+const REGISTER_ARGS: usize = 6;
+
 /// Argument `index` (0..8) of the probed function, by the platform's calling convention.
 #[inline(always)]
 fn argument(ctx: &ProbeContext, index: usize) -> u64 {
     #[cfg(bpf_target_arch = "x86_64")]
     {
-        if index < 6 {
+        if index < REGISTER_ARGS {
             return ctx.arg::<u64>(index).unwrap_or(0);
         }
         // The seventh argument onwards is on the stack, above the return address.

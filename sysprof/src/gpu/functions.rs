@@ -180,6 +180,11 @@ pub struct Function {
 impl Function {
     /// The cookie flags the kernel side needs for this function.
     pub fn flags(&self) -> u64 {
+        let reads = self.kind.last_argument_read().filter(|&index| index >= REGISTER_ARGS);
+        self.kind_flags() | if reads.is_some() { call::STACK_ARGS } else { 0 }
+    }
+
+    fn kind_flags(&self) -> u64 {
         match self.kind {
             Kind::Launch if self.name.contains("ExC") || self.name.ends_with("Ex") => call::DETAIL_ARG1,
             Kind::Launch => call::DETAIL_ARG0,
@@ -187,6 +192,41 @@ impl Function {
             Kind::Alloc { .. } | Kind::NcclCommInit { .. } => call::EVENT | call::OUT_ARG0,
             Kind::Copy { bytes: Bytes::Extent3D, .. } => call::EVENT | call::MEMCPY3D_PARAMS,
             _ => call::EVENT,
+        }
+    }
+}
+
+/// The arguments the kernel side reads at every entry that reads any: those x86-64 passes in
+/// registers (`call::STACK_ARGS`).
+const REGISTER_ARGS: usize = 6;
+
+impl Kind {
+    /// The highest argument the analysis of a call reads from its event (`state.rs`), if any.
+    /// A 3D copy's come out of its parameters, which the kernel side reads into the event.
+    fn last_argument_read(&self) -> Option<usize> {
+        let bytes = |bytes: Bytes| match bytes {
+            Arg(i) | Elements(i, _) => Some(i),
+            Product(i, j) => Some(i.max(j)),
+            Extent3D => None,
+        };
+        match *self {
+            Copy { bytes: Extent3D, .. } => None,
+            Copy { dst, src, bytes: b, direction, .. } => {
+                let kind = match direction {
+                    KindArg(i) => Some(i),
+                    Fixed(_) | Pointers => None,
+                };
+                [Some(dst), Some(src), bytes(b), kind].into_iter().flatten().max()
+            }
+            Memset { dst, bytes: b, .. } => bytes(b).map(|b| b.max(dst)),
+            Alloc { size, .. } => Some(size),
+            Register { ptr, size } => Some(ptr.max(size)),
+            Free { ptr, .. } => Some(ptr),
+            Launch => Some(1),
+            GraphLaunch | Sync | NcclGroup => None,
+            SetDevice { device } => Some(device),
+            Collective { count, datatype, comm, .. } => Some(count.max(datatype).max(comm)),
+            NcclCommInit { ranks } => Some(ranks),
         }
     }
 }
@@ -376,5 +416,20 @@ mod tests {
         assert_eq!(flags("cudaMemcpy3D"), call::EVENT | call::MEMCPY3D_PARAMS);
         assert_eq!(flags("ncclGroupStart"), 0);
         assert_eq!(flags("cudaStreamSynchronize"), call::EVENT);
+    }
+
+    #[test]
+    fn only_calls_whose_analysis_reads_the_stack_arguments_read_them() {
+        let flags = |name: &str| FUNCTIONS.iter().find(|f| f.name == name).unwrap().flags();
+        // The kind of a 2D copy is its seventh argument; ncclReduce's communicator too.
+        assert_eq!(flags("cudaMemcpy2D"), call::EVENT | call::STACK_ARGS);
+        assert_eq!(flags("cudaMemcpy2DAsync"), call::EVENT | call::STACK_ARGS);
+        assert_eq!(flags("ncclReduce"), call::EVENT | call::STACK_ARGS);
+        // The rest: a 3D copy's fields are read from its parameters, not its arguments.
+        assert_eq!(flags("cudaMemcpy"), call::EVENT);
+        assert_eq!(flags("cudaMemcpy3D"), call::EVENT | call::MEMCPY3D_PARAMS);
+        assert_eq!(flags("ncclAllReduce"), call::EVENT);
+        let stack = FUNCTIONS.iter().filter(|f| f.flags() & call::STACK_ARGS != 0).count();
+        assert_eq!(stack, 3);
     }
 }
