@@ -150,6 +150,9 @@ pub struct RunFacts {
     pub stats_coverage: f64,
     /// Measured cost of one probed call, when calls were probed.
     pub probe_cost_ns: Option<f64>,
+    /// How much of a probed call's time, as the call programs time it, is the probes' own
+    /// (`uprobes::calibrate::timed_share_ns`).
+    pub probe_time_in_call_ns: Option<u64>,
     /// Measured cost of one allocator call under the heap probes (`--malloc`).
     pub heap_probe_cost_ns: Option<f64>,
     /// sysprof's own CPU seconds and peak RSS (KiB) when the report was built; None until then.

@@ -82,7 +82,7 @@ impl Results {
         });
         let stats_available = probes.stats_available();
         // After the read-out, so that none of the calibration's runs is in a figure.
-        let (probe_cost_ns, heap_probe_cost_ns) =
+        let (probe_cost_ns, probe_time_in_call_ns, heap_probe_cost_ns) =
             calibrate_probes(&mut probes, &mut limitations, props.quiet);
         let attached = probes.attached().to_vec();
         let files_changed = probes.probed_files_changed();
@@ -122,6 +122,7 @@ impl Results {
                 machine_busy_share: end.machine_busy_share,
                 stats_coverage: end.stats_coverage,
                 probe_cost_ns,
+                probe_time_in_call_ns,
                 heap_probe_cost_ns,
                 own_usage: None,
                 unwind: end.unwind.clone(),
@@ -209,15 +210,16 @@ impl Results {
 }
 
 /// What one hit of the call probes (GPU APIs, `--func`) and of the heap probes costs the
-/// target, measured on sysprof's own calibration functions, for the families whose probes
-/// were attached. Measured at the end rather than the start: the call programs' loading and
-/// the probes' attach and detach (about 100 ms a uprobe) then stay out of the start, and a
-/// run that probed no call pays nothing.
+/// target, and how much of a call's time as the call probes time it is theirs, measured on
+/// sysprof's own calibration functions, for the families whose probes were attached. Measured
+/// at the end rather than the start: the call programs' loading and the probes' attach and
+/// detach (about 100 ms a uprobe) then stay out of the start, and a run that probed no call
+/// pays nothing.
 fn calibrate_probes(
     probes: &mut Probes,
     limitations: &mut Vec<String>,
     quiet: bool,
-) -> (Option<f64>, Option<f64>) {
+) -> (Option<f64>, Option<u64>, Option<f64>) {
     let attached =
         |program: &str| probes.attached().iter().any(|probe| Probes::is_program(&probe.program, program));
     let (calls, heap) = (attached("call_enter"), attached("alloc_enter"));
@@ -227,19 +229,32 @@ fn calibrate_probes(
             say!("{line}");
         }
         limitations.push(line);
-        None
     };
     let call_cost = match calls.then(|| crate::uprobes::calibrate::measure_probe_cost(probes)) {
         Some(Ok(ns)) => Some(ns),
-        Some(Err(error)) => failed("a probe hit", error),
+        Some(Err(error)) => {
+            failed("a probe hit", error);
+            None
+        }
+        None => None,
+    };
+    let in_call = match call_cost.map(|_| crate::uprobes::calibrate::timed_share_ns(probes)) {
+        Some(Ok(ns)) => ns,
+        Some(Err(error)) => {
+            failed("the probes' share of a timed call", error);
+            None
+        }
         None => None,
     };
     let heap_cost = match heap.then(|| crate::memory::heap::measure_probe_cost(probes)) {
         Some(Ok(ns)) => Some(ns),
-        Some(Err(error)) => failed("an allocator probe hit", error),
+        Some(Err(error)) => {
+            failed("an allocator probe hit", error);
+            None
+        }
         None => None,
     };
-    (call_cost, heap_cost)
+    (call_cost, in_call, heap_cost)
 }
 
 /// Sends the pprof profiles to the `--push` server, after the local files are written: a

@@ -48,6 +48,16 @@ pub struct FuncRow {
     pub latency: Percentiles,
     /// Where it was called from, most calls first.
     pub callers: Vec<(String, u64)>,
+    /// How much of each call's time is at least the probes' own, as measured on this machine
+    /// (`uprobes::calibrate::timed_share_ns`).
+    pub probe_time_per_call_ns: Option<u64>,
+}
+
+impl FuncRow {
+    /// Whether the probes' own time is at least half of this function's typical call.
+    pub fn mostly_probes(&self) -> bool {
+        self.probe_time_per_call_ns.is_some_and(|probes| self.latency.p50_ns < 2 * probes)
+    }
 }
 
 impl FuncTracer {
@@ -125,8 +135,14 @@ impl FuncTracer {
     }
 }
 
-/// The report rows of the probed functions, from the kernel-side statistics.
-pub fn rows(functions: &[ProbedFunction], calls: &[(CallKey, CallStats)], names: &dyn Names) -> Vec<FuncRow> {
+/// The report rows of the probed functions, from the kernel-side statistics; `probe_time_ns`
+/// is the probes' own time in each call, when it was measured.
+pub fn rows(
+    functions: &[ProbedFunction],
+    calls: &[(CallKey, CallStats)],
+    names: &dyn Names,
+    probe_time_ns: Option<u64>,
+) -> Vec<FuncRow> {
     functions
         .iter()
         .map(|probed| {
@@ -152,6 +168,7 @@ pub fn rows(functions: &[ProbedFunction], calls: &[(CallKey, CallStats)], names:
                 negative_returns: negative,
                 latency: latency::percentiles(&hist),
                 callers,
+                probe_time_per_call_ns: probe_time_ns,
             }
         })
         .collect()

@@ -23,7 +23,7 @@ impl Family for FuncsFamily {
     }
 
     fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
-        let functions = rows(&cx.outcome.functions, cx.calls, cx.names);
+        let functions = rows(&cx.outcome.functions, cx.calls, cx.names, cx.run.probe_time_in_call_ns);
         Ok(Some(Box::new(FuncsSection { functions })))
     }
 }
@@ -79,4 +79,28 @@ fn markdown(out: &mut String, functions: &[FuncRow]) {
         &["Function", "Binary", "Calls", "p50 / p99 / max", "Total", "Negative returns", "Callers"],
         &rows,
     );
+    if let Some(probes) = functions.iter().find_map(|f| f.probe_time_per_call_ns) {
+        let _ = write!(
+            out,
+            "Each time above includes the probes' own: at least {} a call on this machine (sysprof's own \
+             function, a nanosecond's work beginning with a push, timed the same way: the kernel's traps \
+             at the entry and the return), and more where the function's first instruction is one the \
+             kernel steps out of line rather than emulates (most but a push, a jump or a call).",
+            format_ns(probes)
+        );
+        let mostly: Vec<String> = functions
+            .iter()
+            .filter(|f| f.mostly_probes())
+            .map(|f| format!("`{}` (p50 {})", escape(&f.function), format_ns(f.latency.p50_ns)))
+            .collect();
+        if !mostly.is_empty() {
+            let _ = write!(
+                out,
+                " At least half of a typical call's time is the probes' for {}: the function itself \
+                 takes less than its times say, and half its Total or more is theirs.",
+                mostly.join(", ")
+            );
+        }
+        let _ = writeln!(out, "\n");
+    }
 }
