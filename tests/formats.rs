@@ -491,3 +491,46 @@ fn a_resting_sysprof_wakes_for_a_burst_and_loses_nothing() {
     );
     assert!(dir.path().join("timeline.pftrace").is_file());
 }
+
+/// A probed function called 100,000 times, traced with room for 2,000 timeline events: once
+/// the bound raises the slices' minimum past the calls' length, the programs stop sending them
+/// (`names::TIMELINE_RAISED_MIN`), and the timeline's note still accounts for every call: the
+/// slices it kept and those it says it left out are exactly the calls.
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_bounded_timeline_accounts_for_every_call_the_kernel_did_not_send() {
+    let Some(_guard) = root_guard("a_bounded_timeline_accounts_for_every_call_the_kernel_did_not_send")
+    else {
+        return;
+    };
+    const CALLS: u64 = 100_000;
+    let dir = output_dir();
+    let sysload = workload("sysload");
+    let out = sysprof()
+        .args(["trace", "-q", "--focus", "cpu", "--timeline-events", "2000", "--func"])
+        .arg(format!("{}:probed_function", sysload.display()))
+        .arg("-o")
+        .arg(dir.path())
+        .arg("--")
+        .arg(&sysload)
+        .args(["probecall", &CALLS.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", support::text(&out));
+    let report = read_report(dir.path());
+    assert_eq!(report["functions"][0]["calls"], CALLS);
+    let limitations = report["limitations"].as_array().unwrap();
+    let note = limitations
+        .iter()
+        .filter_map(|l| l.as_str())
+        .find(|l| l.starts_with("the timeline was bounded"))
+        .unwrap_or_else(|| panic!("no bound's note in {limitations:#?}"));
+    let left_out: u64 = note
+        .split("; ")
+        .find_map(|part| part.split(" slices and ").next()?.replace(',', "").parse().ok())
+        .unwrap_or_else(|| panic!("no count of slices in {note:?}"));
+    let Some(summary) = perfetto_summary(&dir.path().join("timeline.pftrace")) else { return };
+    let kept = summary["slices"].as_array().unwrap().iter().filter(|s| s["name"] == "probed_function").count()
+        as u64;
+    assert_eq!(kept + left_out, CALLS, "{note}");
+}

@@ -86,6 +86,9 @@ pub mod names {
     /// second, nothing having happened for a while). The first process event, or the timeline
     /// event that finds its ring a quarter full, wakes it and sets it back to 0.
     pub const USERSPACE_RESTING: &str = ".data.resting";
+    /// The shortest slice the timeline keeps once its bound raised it (a u64 of ns, 0 until
+    /// then), written by userspace as it raises it: the programs send nothing under it.
+    pub const TIMELINE_RAISED_MIN: &str = ".data.timeline_min";
     /// Hash: [`crate::SyscallErrorKey`] -> count of failed calls.
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
     /// Array: syscall number -> [`crate::SyscallStats`] of the calls of every process
@@ -383,6 +386,10 @@ pub enum Counter {
     /// Failed syscalls whose errno was not kept (`SYSCALL_ERRORS` full): in their syscall's
     /// failures, not in its failures by errno.
     ErrnosLost = 18,
+    /// Waits, system calls and probed calls not sent to the timeline because they were shorter
+    /// than the minimum its bound had raised (`names::TIMELINE_RAISED_MIN`): userspace would
+    /// have dropped them, and counts them with what it dropped.
+    TimelineThinned = 19,
 }
 
 impl Counter {
@@ -392,11 +399,17 @@ impl Counter {
     /// Whether it counts what was lost (a map or ring full), as the live status sums them: not
     /// the samples, nor switches the kernel hid, nor blocks counted but not tracked as live.
     pub const fn is_loss(self) -> bool {
-        !matches!(self, Counter::CpuSamples | Counter::SwitchesUnseen | Counter::AllocsUntracked)
+        !matches!(
+            self,
+            Counter::CpuSamples
+                | Counter::SwitchesUnseen
+                | Counter::AllocsUntracked
+                | Counter::TimelineThinned
+        )
     }
 
     /// Every counter, in slot order.
-    pub const ALL: [Counter; 19] = [
+    pub const ALL: [Counter; 20] = [
         Counter::CpuSamples,
         Counter::CpuSamplesLost,
         Counter::UserStacksLost,
@@ -416,6 +429,7 @@ impl Counter {
         Counter::SwitchesUnseen,
         Counter::AllocsUntracked,
         Counter::ErrnosLost,
+        Counter::TimelineThinned,
     ];
 }
 

@@ -151,7 +151,7 @@ fn leave(ctx: &RetProbeContext) -> u32 {
     count_call(&key, duration, failed);
     if state.cookie & call::EVENT != 0 {
         send_event(state, &key, pid_tgid as u32, ret, duration, failed);
-    } else if timeline::on() {
+    } else if timeline::on() && timeline::call_kept(duration) {
         // A call with an event of its own is on the timeline through it.
         timeline::record(TimelineEvent {
             kind: timeline_kind::CALL,

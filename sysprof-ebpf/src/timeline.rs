@@ -25,11 +25,38 @@ pub fn on() -> bool {
     config().timeline_min_us != 0
 }
 
+/// The shortest wait, system call or call userspace still keeps, once the timeline's bound
+/// has raised it past `Config::timeline_min_us` (ns; 0 until then). Userspace writes it as it
+/// raises it (`sysprof_common::names::TIMELINE_RAISED_MIN`): what falls under it would be
+/// dropped on arrival, so it is not sent. A probed call's return spent a fifth of its run
+/// time on its timeline event (a `--func` loop, kernel statistics).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = ".data.timeline_min")]
+static mut TIMELINE_RAISED_MIN_NS: u64 = 0;
+
 /// Whether a wait or a system call of `ns` is long enough to be recorded.
 #[inline(always)]
 pub fn long_enough(ns: u64) -> bool {
     let min_us = config().timeline_min_us;
-    min_us != 0 && ns >= u64::from(min_us) * 1000
+    min_us != 0 && ns >= u64::from(min_us) * 1000 && not_under_raised(ns)
+}
+
+/// Whether a probed call of `ns` is recorded: any, until the bound raised the minimum.
+#[inline(always)]
+pub fn call_kept(ns: u64) -> bool {
+    not_under_raised(ns)
+}
+
+/// Whether `ns` is at least the raised minimum; what is not, userspace counts as thinned.
+#[inline(always)]
+fn not_under_raised(ns: u64) -> bool {
+    // SAFETY: a plain read of the global.
+    let raised = unsafe { *(&raw const TIMELINE_RAISED_MIN_NS) };
+    if ns < raised {
+        counters::add(Counter::TimelineThinned, 1);
+        return false;
+    }
+    true
 }
 
 /// Records one event; a full ring counts a loss. One helper call that copies the event in

@@ -539,6 +539,7 @@ pub async fn collect(
                 woken?;
                 if let Some(timeline) = timeline.as_deref_mut() {
                     timeline.drain();
+                    tell_raised_minimum(timeline, probes);
                 }
                 if cadence.resting {
                     cadence.wake(probes);
@@ -546,7 +547,11 @@ pub async fn collect(
                 }
             }
             _ = tokio::time::sleep_until(next_tick) => {
-                let timeline_events = timeline.as_deref_mut().map_or(0, crate::timeline::Collector::drain);
+                let timeline_events = timeline.as_deref_mut().map_or(0, |timeline| {
+                    let drained = timeline.drain();
+                    tell_raised_minimum(timeline, probes);
+                    drained
+                });
                 // Forks, exits and mapped libraries do not wake sysprof (see the programs'
                 // `events::wakeup`): they are read here, if no exec came first.
                 let drained = drain_events(events.get_mut(), processes);
@@ -663,6 +668,15 @@ fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) -> usize 
         }
     }
     drained
+}
+
+/// Tells the programs the timeline's raised minimum, once its bound raised it: a hot probed
+/// function or a storm of short waits then costs no event the next drain would drop.
+fn tell_raised_minimum(timeline: &mut crate::timeline::Collector, probes: &mut Probes) {
+    if let Some(minimum) = timeline.raised_minimum_to_tell() {
+        // Where it cannot be written, the events still come and are dropped on arrival.
+        let _ = probes.set(names::TIMELINE_RAISED_MIN, 0, minimum);
+    }
 }
 
 /// The timeline ring's wakeup (see `timeline::Collector::woken`); never when there is none.

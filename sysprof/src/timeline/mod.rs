@@ -116,6 +116,11 @@ impl Thinning {
         }
     }
 
+    /// The slices' minimum, once the bound raised it past the kernel's own.
+    fn raised_minimum(&self) -> Option<u64> {
+        (self.min_slice_ns > Thinning::default().min_slice_ns).then_some(self.min_slice_ns)
+    }
+
     /// Whether anything was dropped.
     pub fn dropped(&self) -> bool {
         self.slices_dropped + self.samples_dropped > 0
@@ -142,6 +147,8 @@ fn sample_hash(event: &TimelineEvent) -> u64 {
 pub struct Collector {
     ring: AsyncFd<RingBuf<MapData>>,
     timeline: Timeline,
+    /// The raised minimum the programs were last told (`names::TIMELINE_RAISED_MIN`).
+    told_kernel_ns: u64,
 }
 
 impl Collector {
@@ -151,7 +158,21 @@ impl Collector {
         // SAFETY: the ring buffer owns its map fd, which stays open and unchanged until the
         // AsyncFd (which owns the ring buffer) is dropped.
         let ring = unsafe { AsyncFd::register(ring) }?;
-        Ok(Collector { ring, timeline: Timeline { clocks: Clocks::now(), capacity, ..Timeline::default() } })
+        Ok(Collector {
+            ring,
+            timeline: Timeline { clocks: Clocks::now(), capacity, ..Timeline::default() },
+            told_kernel_ns: 0,
+        })
+    }
+
+    /// The slices' minimum, once the bound raised it and until the programs are told: they
+    /// then send nothing shorter, which the next drain would drop (see `Thinning::keeps`: the
+    /// same test, on the same duration).
+    pub fn raised_minimum_to_tell(&mut self) -> Option<u64> {
+        let raised =
+            self.timeline.thinning.raised_minimum().filter(|&raised| raised != self.told_kernel_ns)?;
+        self.told_kernel_ns = raised;
+        Some(raised)
     }
 
     /// Resolves when the kernel woke the ring: only the event that finds it a quarter full
@@ -224,8 +245,11 @@ impl Timeline {
     }
 
     /// What the bound dropped, in one line for the report and the trace; `None` when nothing.
-    pub fn thinning_note(&self) -> Option<String> {
-        let thinning = &self.thinning;
+    /// `kernel_thinned`: the slices the programs did not send, under the raised minimum
+    /// (`Counter::TimelineThinned`).
+    pub fn thinning_note(&self, kernel_thinned: u64) -> Option<String> {
+        let thinning =
+            &Thinning { slices_dropped: self.thinning.slices_dropped + kernel_thinned, ..self.thinning };
         thinning.dropped().then(|| {
             format!(
                 "the timeline was bounded at {} events (--timeline-events): it keeps waits, system calls and calls \
@@ -311,6 +335,8 @@ mod tests {
         assert_eq!(timeline.thinning.slices_dropped, 600);
         assert_eq!(timeline.thinning.samples_dropped, 0);
         assert!(timeline.thinning.min_slice_ns > 200_000);
+        assert_eq!(timeline.thinning.raised_minimum(), Some(timeline.thinning.min_slice_ns));
+        assert_eq!(Thinning::default().raised_minimum(), None);
 
         // Now too many samples: they thin out, and the long waits stay.
         timeline.capacity = 400;
@@ -320,7 +346,9 @@ mod tests {
         assert!((100..=300).contains(&samples), "{samples} samples kept");
         assert_eq!(timeline.thinning.samples_dropped, 600 - samples as u64);
         assert!(timeline.thinning.sample_stride >= 2);
-        assert!(timeline.thinning_note().unwrap().contains("1 on-CPU sample in"));
+        assert!(timeline.thinning_note(0).unwrap().contains("1 on-CPU sample in"));
+        // The slices the programs did not send, under the raised minimum, count as dropped.
+        assert!(timeline.thinning_note(5).unwrap().contains("605 slices"), "{:?}", timeline.thinning_note(5));
     }
 
     #[test]

@@ -79,7 +79,8 @@ pub(crate) fn write(
     let waits: Vec<_> = of_kind(kind::OFF_CPU).collect();
     let sample_stacks = ResolvedStacks::resolve(&samples, &stacks.samples, processes, symbolizer);
     let wait_stacks = ResolvedStacks::resolve(&waits, &stacks.waits, processes, symbolizer);
-    let mut notes: Vec<String> = timeline.thinning_note().into_iter().collect();
+    let mut notes: Vec<String> =
+        timeline.thinning_note(counters.get(Counter::TimelineThinned)).into_iter().collect();
     let lost = counters.get(Counter::TimelineLost);
     if lost > 0 {
         notes.push(format!(
