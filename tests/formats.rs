@@ -529,8 +529,15 @@ fn a_bounded_timeline_accounts_for_every_call_the_kernel_did_not_send() {
         .split("; ")
         .find_map(|part| part.split(" slices and ").next()?.replace(',', "").parse().ok())
         .unwrap_or_else(|| panic!("no count of slices in {note:?}"));
+    // Before the first raise reaches the kernel, a fast machine can fill the ring between two
+    // drains: those events are counted as lost (with the samples'), in neither figure above.
+    let lost: u64 = limitations
+        .iter()
+        .filter_map(|l| l.as_str()?.split_once(" timeline events were lost in the kernel"))
+        .map(|(count, _)| count.replace(',', "").parse::<u64>().unwrap())
+        .sum();
     let Some(summary) = perfetto_summary(&dir.path().join("timeline.pftrace")) else { return };
     let kept = summary["slices"].as_array().unwrap().iter().filter(|s| s["name"] == "probed_function").count()
         as u64;
-    assert_eq!(kept + left_out, CALLS, "{note}");
+    assert!(kept + left_out <= CALLS && CALLS <= kept + left_out + lost, "{note}; {lost} lost");
 }

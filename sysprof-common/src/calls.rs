@@ -28,7 +28,7 @@ pub mod call {
     /// An argument read is past the sixth (on the stack, above the return address, on
     /// x86-64): without this flag the entry reads the six in registers only. Two reads of user
     /// memory were a seventh to an eighth of a cudaMemcpy entry's run time (kernel statistics),
-    /// and no copy but the 2D ones reads so far.
+    /// and only the 2D copies and ncclReduce read so far.
     pub const STACK_ARGS: u64 = 1 << 22;
     /// The flags whose handling reads the call's arguments; a call with none of them is counted
     /// and timed by its site alone, and its entry reads no argument (each is a user read).

@@ -673,9 +673,12 @@ fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) -> usize 
 /// Tells the programs the timeline's raised minimum, once its bound raised it: a hot probed
 /// function or a storm of short waits then costs no event the next drain would drop.
 fn tell_raised_minimum(timeline: &mut crate::timeline::Collector, probes: &mut Probes) {
-    if let Some(minimum) = timeline.raised_minimum_to_tell() {
-        // Where it cannot be written, the events still come and are dropped on arrival.
-        let _ = probes.set(names::TIMELINE_RAISED_MIN, 0, minimum);
+    // Where it cannot be written, the events still come and are dropped on arrival, and the
+    // next drain tries again.
+    if let Some(minimum) = timeline.raised_minimum_to_tell()
+        && probes.set(names::TIMELINE_RAISED_MIN, 0, minimum).is_ok()
+    {
+        timeline.told_kernel(minimum);
     }
 }
 

@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
         long n = atol(argv[2]);
         double start = seconds_now();
         for (long i = 0; i < n; i++) load_batch(dev);
-        // The loop's own time a copy, for `cargo xtask bench gpu`.
+        // The loop's own time a copy, for `cargo xtask bench gpu-calls`.
         if (n > 0) printf("ns_per_call=%.1f\n", (seconds_now() - start) * 1e9 / n);
         print_parent_bpf(n);
         return 0;

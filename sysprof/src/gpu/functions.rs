@@ -201,8 +201,9 @@ impl Function {
 const REGISTER_ARGS: usize = 6;
 
 impl Kind {
-    /// The highest argument the analysis of a call reads from its event (`state.rs`), if any.
-    /// A 3D copy's come out of its parameters, which the kernel side reads into the event.
+    /// The highest argument the analysis of a call reads from its event (`state.rs`), if any,
+    /// as the probed function received it. A 3D copy's are read from its parameters into the
+    /// event's slots by the kernel side (`call::MEMCPY3D_PARAMS`), whatever this says.
     fn last_argument_read(&self) -> Option<usize> {
         let bytes = |bytes: Bytes| match bytes {
             Arg(i) | Elements(i, _) => Some(i),

@@ -165,14 +165,16 @@ impl Collector {
         })
     }
 
-    /// The slices' minimum, once the bound raised it and until the programs are told: they
-    /// then send nothing shorter, which the next drain would drop (see `Thinning::keeps`: the
-    /// same test, on the same duration).
-    pub fn raised_minimum_to_tell(&mut self) -> Option<u64> {
-        let raised =
-            self.timeline.thinning.raised_minimum().filter(|&raised| raised != self.told_kernel_ns)?;
-        self.told_kernel_ns = raised;
-        Some(raised)
+    /// The slices' minimum, once the bound raised it and until the programs are told (see
+    /// `told_kernel`): they then send nothing shorter, which the next drain would drop (see
+    /// `Thinning::keeps`: the same test, on the same duration).
+    pub fn raised_minimum_to_tell(&self) -> Option<u64> {
+        self.timeline.thinning.raised_minimum().filter(|&raised| raised != self.told_kernel_ns)
+    }
+
+    /// The programs were told `minimum`.
+    pub fn told_kernel(&mut self, minimum: u64) {
+        self.told_kernel_ns = minimum;
     }
 
     /// Resolves when the kernel woke the ring: only the event that finds it a quarter full
