@@ -85,7 +85,8 @@ fn markdown(out: &mut String, functions: &[FuncRow]) {
             "Each time above includes the probes' own: at least {} a call on this machine (sysprof's own \
              function, a nanosecond's work{}, timed the same way: the kernel's traps at the entry and the \
              return), and more where the function's first instruction is one the kernel steps out of \
-             line rather than emulates (most but a push, a jump or a call).",
+             line rather than emulates (on x86-64, any but a push, a nop, a jump or a call: an \
+             endbr64 too, which begins every function of a distribution built for CET).",
             format_ns(probes),
             // Written out so on x86-64 only (`uprobes::calibrate::sysprof_probe_calibration`).
             if cfg!(target_arch = "x86_64") { " beginning with a push" } else { "" }
