@@ -556,5 +556,21 @@ fn the_probe_cost_the_report_states_is_what_the_target_paid() {
         markdown.contains("At least half of a typical call's time is the probes' for `load_batch`"),
         "{markdown}"
     );
+
+    // A function whose first instruction is stepped out of line (sysload's probed_function, a
+    // `lea`) is told apart, and its share is the larger one measured for such functions.
+    let (dir, report) = trace_func("sysload:probed_function", "sysload", &["probecall", "20000"]);
+    let stepped = row(&report["functions"], "function", "probed_function");
+    assert_eq!(stepped["entry_stepped"], true, "{stepped:#}");
+    assert_eq!(function["entry_stepped"], false, "{function:#}");
+    let stepped_share = stepped["probe_time_per_call_ns"].as_f64().unwrap();
+    assert!(stepped_share > share, "stepped {stepped_share:.0} ns, emulated {share:.0} ns");
+    let p50 = stepped["latency"]["p50_ns"].as_f64().unwrap();
+    assert!(
+        p50 < 2.0 * stepped_share,
+        "probed_function's p50 {p50:.0} ns, the probes' share {stepped_share:.0} ns"
+    );
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(markdown.contains("(`probed_function` here; on x86-64"), "{markdown}");
     assert_no_sysprof_programs();
 }

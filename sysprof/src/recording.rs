@@ -123,6 +123,26 @@ impl ReportProps {
     }
 }
 
+/// How much of a probed call's time, as the call programs time it, is the probes' own, by
+/// the kind of the function's first instruction (`uprobes::entry_emulated`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbeShare {
+    /// Where the kernel emulates it (a push, a nop, a jump or a call).
+    pub emulated_ns: Option<u64>,
+    /// Where it steps it out of line (any other, endbr64 among them).
+    pub stepped_ns: Option<u64>,
+}
+
+impl ProbeShare {
+    /// The share for a function whose first instruction is `emulated` (unknown: the lower).
+    pub fn of(&self, emulated: Option<bool>) -> Option<u64> {
+        match emulated {
+            Some(false) => self.stepped_ns.or(self.emulated_ns),
+            _ => self.emulated_ns,
+        }
+    }
+}
+
 /// When and how the trace ran.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunFacts {
@@ -152,7 +172,8 @@ pub struct RunFacts {
     pub probe_cost_ns: Option<f64>,
     /// How much of a probed call's time, as the call programs time it, is the probes' own
     /// (`uprobes::calibrate::timed_share_ns`).
-    pub probe_time_in_call_ns: Option<u64>,
+    #[serde(default)]
+    pub probe_share: ProbeShare,
     /// Measured cost of one allocator call under the heap probes (`--malloc`).
     pub heap_probe_cost_ns: Option<f64>,
     /// sysprof's own CPU seconds and peak RSS (KiB) when the report was built; None until then.

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::recording::ProbeShare;
 use crate::{
     analysis::{self, Analyzed},
     collect::{EndReason, UprobeTracers},
@@ -82,7 +83,7 @@ impl Results {
         });
         let stats_available = probes.stats_available();
         // After the read-out, so that none of the calibration's runs is in a figure.
-        let (probe_cost_ns, probe_time_in_call_ns, heap_probe_cost_ns) =
+        let (probe_cost_ns, probe_share, heap_probe_cost_ns) =
             calibrate_probes(&mut probes, &mut limitations, props.quiet);
         let attached = probes.attached().to_vec();
         let files_changed = probes.probed_files_changed();
@@ -122,7 +123,7 @@ impl Results {
                 machine_busy_share: end.machine_busy_share,
                 stats_coverage: end.stats_coverage,
                 probe_cost_ns,
-                probe_time_in_call_ns,
+                probe_share,
                 heap_probe_cost_ns,
                 own_usage: None,
                 unwind: end.unwind.clone(),
@@ -219,7 +220,7 @@ fn calibrate_probes(
     probes: &mut Probes,
     limitations: &mut Vec<String>,
     quiet: bool,
-) -> (Option<f64>, Option<u64>, Option<f64>) {
+) -> (Option<f64>, ProbeShare, Option<f64>) {
     let attached =
         |program: &str| probes.attached().iter().any(|probe| Probes::is_program(&probe.program, program));
     let (calls, heap) = (attached("call_enter"), attached("alloc_enter"));
@@ -238,13 +239,17 @@ fn calibrate_probes(
         }
         None => None,
     };
-    let in_call = match call_cost.map(|_| crate::uprobes::calibrate::timed_share_ns(probes)) {
+    let mut share = |id: u32| match call_cost.map(|_| crate::uprobes::calibrate::timed_share_ns(probes, id)) {
         Some(Ok(ns)) => ns,
         Some(Err(error)) => {
             failed("the probes' share of a timed call", error);
             None
         }
         None => None,
+    };
+    let in_call = ProbeShare {
+        emulated_ns: share(crate::uprobes::calibrate::CALIBRATION_ID),
+        stepped_ns: share(crate::uprobes::calibrate::CALIBRATION_STEPPED_ID),
     };
     let heap_cost = match heap.then(|| crate::memory::heap::measure_probe_cost(probes)) {
         Some(Ok(ns)) => Some(ns),

@@ -16,6 +16,7 @@ use crate::{
     probes::Probes,
     procmaps::Backing,
     procs::ProcessTable,
+    recording::ProbeShare,
     uprobes::{CallProbes, FuncSpec, USER_FUNCTION_BASE},
 };
 
@@ -25,6 +26,9 @@ pub struct FuncTracer {
     specs: Vec<FuncSpec>,
     /// The file each spec resolved to, once attached.
     attached: Vec<Option<PathBuf>>,
+    /// Whether the kernel emulates each attached function's first instruction
+    /// (`uprobes::entry_emulated`).
+    entry_emulated: Vec<Option<bool>>,
     probes: CallProbes,
     pub problems: Vec<String>,
 }
@@ -35,6 +39,9 @@ pub struct ProbedFunction {
     pub id: u32,
     pub symbol: String,
     pub binary: String,
+    /// Whether the kernel emulates its first instruction (`uprobes::entry_emulated`).
+    #[serde(default)]
+    pub entry_emulated: Option<bool>,
 }
 
 /// One probed function in the report.
@@ -48,9 +55,11 @@ pub struct FuncRow {
     pub latency: Percentiles,
     /// Where it was called from, most calls first.
     pub callers: Vec<(String, u64)>,
-    /// How much of each call's time is at least the probes' own, as measured on this machine
-    /// (`uprobes::calibrate::timed_share_ns`).
+    /// How much of each call's time is the probes' own, as measured on this machine for a
+    /// function that begins as this one does (`uprobes::calibrate::timed_share_ns`).
     pub probe_time_per_call_ns: Option<u64>,
+    /// Whether the kernel steps its first instruction out of line (`uprobes::entry_emulated`).
+    pub entry_stepped: bool,
 }
 
 impl FuncRow {
@@ -63,7 +72,8 @@ impl FuncRow {
 impl FuncTracer {
     pub fn new(specs: Vec<FuncSpec>) -> Self {
         let attached = vec![None; specs.len()];
-        FuncTracer { specs, attached, probes: CallProbes::default(), problems: Vec::new() }
+        let entry_emulated = vec![None; specs.len()];
+        FuncTracer { specs, attached, entry_emulated, probes: CallProbes::default(), problems: Vec::new() }
     }
 
     /// Attaches the specs whose binary can be found now: paths at once, names once the target
@@ -95,7 +105,10 @@ impl FuncTracer {
             let Some(path) = path else { continue };
             let id = USER_FUNCTION_BASE + index as u32;
             match self.probes.attach_user_function(probes, &path, &spec.symbol, id) {
-                Ok(()) => self.attached[index] = Some(path),
+                Ok(emulated) => {
+                    self.attached[index] = Some(path);
+                    self.entry_emulated[index] = emulated;
+                }
                 Err(error) => {
                     self.problems.push(format!("--func {}:{}: {error:#}", spec.binary, spec.symbol));
                     // Do not try again every tick.
@@ -130,18 +143,19 @@ impl FuncTracer {
                 id: USER_FUNCTION_BASE + index as u32,
                 symbol: spec.symbol.clone(),
                 binary: spec.binary.clone(),
+                entry_emulated: self.entry_emulated[index],
             })
             .collect()
     }
 }
 
-/// The report rows of the probed functions, from the kernel-side statistics; `probe_time_ns`
-/// is the probes' own time in each call, when it was measured.
+/// The report rows of the probed functions, from the kernel-side statistics; `probe_share` is
+/// the probes' own time in each call, when it was measured.
 pub fn rows(
     functions: &[ProbedFunction],
     calls: &[(CallKey, CallStats)],
     names: &dyn Names,
-    probe_time_ns: Option<u64>,
+    probe_share: &ProbeShare,
 ) -> Vec<FuncRow> {
     functions
         .iter()
@@ -168,7 +182,8 @@ pub fn rows(
                 negative_returns: negative,
                 latency: latency::percentiles(&hist),
                 callers,
-                probe_time_per_call_ns: probe_time_ns,
+                probe_time_per_call_ns: probe_share.of(probed.entry_emulated),
+                entry_stepped: probed.entry_emulated == Some(false),
             }
         })
         .collect()

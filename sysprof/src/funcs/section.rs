@@ -10,6 +10,7 @@ use crate::{
     family::{Analysis, Family},
     latency::format_ns,
     output::markdown::{escape, table},
+    recording::ProbeShare,
     report::{Section, format::thousands},
 };
 
@@ -23,8 +24,8 @@ impl Family for FuncsFamily {
     }
 
     fn analyze(&mut self, cx: &mut Analysis<'_>) -> anyhow::Result<Option<Box<dyn Section>>> {
-        let functions = rows(&cx.outcome.functions, cx.calls, cx.names, cx.run.probe_time_in_call_ns);
-        Ok(Some(Box::new(FuncsSection { functions })))
+        let functions = rows(&cx.outcome.functions, cx.calls, cx.names, &cx.run.probe_share);
+        Ok(Some(Box::new(FuncsSection { functions, probe_share: cx.run.probe_share })))
     }
 }
 
@@ -32,6 +33,9 @@ impl Family for FuncsFamily {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FuncsSection {
     pub functions: Vec<FuncRow>,
+    /// The probes' share of a timed call, by the kind of the function's first instruction.
+    #[serde(skip)]
+    pub probe_share: ProbeShare,
 }
 
 impl Section for FuncsSection {
@@ -40,11 +44,11 @@ impl Section for FuncsSection {
     }
 
     fn markdown(&self, out: &mut String) {
-        markdown(out, &self.functions);
+        markdown(out, &self.functions, &self.probe_share);
     }
 }
 
-fn markdown(out: &mut String, functions: &[FuncRow]) {
+fn markdown(out: &mut String, functions: &[FuncRow], share: &ProbeShare) {
     if functions.is_empty() {
         return;
     }
@@ -79,18 +83,33 @@ fn markdown(out: &mut String, functions: &[FuncRow]) {
         &["Function", "Binary", "Calls", "p50 / p99 / max", "Total", "Negative returns", "Callers"],
         &rows,
     );
-    if let Some(probes) = functions.iter().find_map(|f| f.probe_time_per_call_ns) {
+    if let Some(probes) = share.emulated_ns {
         let _ = write!(
             out,
-            "Each time above includes the probes' own: at least {} a call on this machine (sysprof's own \
-             function, a nanosecond's work{}, timed the same way: the kernel's traps at the entry and the \
-             return), and more where the function's first instruction is one the kernel steps out of \
-             line rather than emulates (on x86-64, any but a push, a nop, a jump or a call: an \
-             endbr64 too, which begins every function of a distribution built for CET).",
-            format_ns(probes),
-            // Written out so on x86-64 only (`uprobes::calibrate::sysprof_probe_calibration`).
-            if cfg!(target_arch = "x86_64") { " beginning with a push" } else { "" }
+            "Each time above includes the probes' own, measured on functions of sysprof's own that do \
+             nothing, timed the same way (the kernel's traps at the entry and the return): {}",
+            format_ns(probes)
         );
+        match share.stepped_ns {
+            Some(stepped) => {
+                let named: Vec<String> = functions
+                    .iter()
+                    .filter(|f| f.entry_stepped)
+                    .map(|f| format!("`{}`", escape(&f.function)))
+                    .collect();
+                let _ = write!(
+                    out,
+                    " a call where the kernel emulates the function's first instruction, {} where it steps it \
+                     out of line, a second trap ({}on x86-64, any first instruction but a push, a nop, a jump or \
+                     a call, endbr64 among them, which begins every function of a distribution built for CET).",
+                    format_ns(stepped),
+                    if named.is_empty() { String::new() } else { format!("{} here; ", named.join(", ")) }
+                );
+            }
+            None => {
+                let _ = write!(out, " a call.");
+            }
+        }
         let mostly: Vec<String> = functions
             .iter()
             .filter(|f| f.mostly_probes())

@@ -15,6 +15,9 @@ use crate::{latency, probes::Probes};
 /// Cookie id of the calibration function (outside the GPU and `--func` ids).
 pub const CALIBRATION_ID: u32 = 0xfffe;
 
+/// Cookie id of the calibration function whose first instruction is stepped out of line.
+pub const CALIBRATION_STEPPED_ID: u32 = 0xfffd;
+
 const CALLS: u32 = 2_000;
 
 /// Timed under the call programs (GPU APIs, `--func`): small, so the difference is the probes.
@@ -42,6 +45,16 @@ pub extern "C" fn sysprof_probe_calibration(x: u64) -> u64 {
     std::hint::black_box(x).wrapping_add(1)
 }
 
+/// `sysprof_probe_calibration` beginning with an instruction the kernel steps out of line (a
+/// `lea`), as a function of a CET build does (`endbr64`), or a leaf that starts on its work:
+/// only its calls' times are read (`timed_share_ns`), for such functions' share.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(no_mangle)]
+#[unsafe(naked)]
+pub extern "C" fn sysprof_probe_calibration_stepped(x: u64) -> u64 {
+    core::arch::naked_asm!("lea rax, [rdi + 1]", "ret")
+}
+
 /// Timed under the allocator programs (`--malloc`), probed as malloc is. Its first
 /// instruction is stepped out of line, as free's is in glibc (a test of its argument), though
 /// malloc's (a push) is emulated: of a malloc and free pair on a 2-CPU VM, the figure is some
@@ -65,11 +78,22 @@ fn time_calls(function: extern "C" fn(u64) -> u64) -> f64 {
 /// Nanoseconds a call probed by the call programs costs more than a bare one.
 pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
     measure(probes, "sysprof_probe_calibration", sysprof_probe_calibration, |probes, exe, offset| {
-        let links = probes.attach_calls(exe, &[(offset, u64::from(CALIBRATION_ID))])?;
+        let mut points = vec![(offset, u64::from(CALIBRATION_ID))];
+        #[cfg(target_arch = "x86_64")]
+        points.extend(
+            elf::exported_functions(exe)?
+                .get("sysprof_probe_calibration_stepped")
+                .map(|&stepped| (stepped, u64::from(CALIBRATION_STEPPED_ID))),
+        );
+        let links = probes.attach_calls(exe, &points)?;
         probes.note_call_probes(
             "sysprof's own sysprof_probe_calibration (measures the cost of a probe hit)",
             links,
         );
+        // Timed by the programs as a target's calls are, for `timed_share_ns`: while sysprof
+        // is its own target, which it is only while the attach runs and the timing after it.
+        #[cfg(target_arch = "x86_64")]
+        time_calls(sysprof_probe_calibration_stepped);
         Ok(())
     })
 }
@@ -80,15 +104,16 @@ pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
 /// the clock last and the return program first, but what the kernel does between them and
 /// the function (the end of the entry's trap, the trap at the return) falls inside every
 /// timed call, and more for a function whose first instruction is stepped out of line (see
-/// `sysprof_probe_calibration`).
-pub fn timed_share_ns(probes: &Probes) -> anyhow::Result<Option<u64>> {
+/// `sysprof_probe_calibration`): `id` is `CALIBRATION_ID`, or `CALIBRATION_STEPPED_ID` for
+/// those.
+pub fn timed_share_ns(probes: &Probes, id: u32) -> anyhow::Result<Option<u64>> {
     let me = std::process::id();
     let calls: aya::maps::HashMap<_, CallKey, CallStats> =
         aya::maps::HashMap::try_from(probes.map(names::CALLS)?)?;
     let mut timed = latency::empty();
     for entry in calls.iter() {
         let (key, stats) = entry?;
-        if key.func == CALIBRATION_ID && key.tgid == me {
+        if key.func == id && key.tgid == me {
             latency::merge(&mut timed, &stats.latency);
         }
     }

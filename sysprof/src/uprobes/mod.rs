@@ -83,15 +83,50 @@ impl CallProbes {
         path: &Path,
         symbol: &str,
         id: u32,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<bool>> {
         let offset = *self
             .exports(path)?
             .get(symbol)
             .with_context(|| format!("{} has no function {symbol}", path.display()))?;
         let links = probes.attach_calls(path, &[(offset, u64::from(id) | call::ERROR_IF_NEGATIVE)])?;
         probes.note_call_probes(&format!("function {symbol} in {}", path.display()), links);
-        Ok(())
+        Ok(entry_emulated(path, offset))
     }
+}
+
+/// Whether the kernel emulates the instruction a uprobe at `offset` of `path` replaces, rather
+/// than stepping it out of line (a second trap): what a probe hit costs depends on it (see
+/// `calibrate::sysprof_probe_calibration`). `None` where it cannot tell.
+pub fn entry_emulated(path: &Path, offset: u64) -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::os::unix::fs::FileExt as _;
+        let mut bytes = [0u8; 2];
+        std::fs::File::open(path).ok()?.read_exact_at(&mut bytes, offset).ok()?;
+        Some(emulated_on_x86_64(bytes))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (path, offset);
+        None
+    }
+}
+
+/// The first instructions x86-64's uprobes emulate, by their first two bytes: a push of a
+/// register, a nop, a call, a jump (as measured: `calibrate::sysprof_probe_calibration`). Any
+/// other, `endbr64` among them, is stepped out of line.
+#[cfg(any(target_arch = "x86_64", test))]
+fn emulated_on_x86_64(bytes: [u8; 2]) -> bool {
+    matches!(
+        bytes,
+        [0x50..=0x57, _] // push r64
+            | [0x41, 0x50..=0x57] // push r8-r15
+            | [0x90, _] // nop
+            | [0x0f, 0x1f] // nop r/m
+            | [0xe8 | 0xe9 | 0xeb, _] // call, jmp
+            | [0x70..=0x7f, _] // jcc rel8
+            | [0x0f, 0x80..=0x8f] // jcc rel32
+    )
 }
 
 /// (device, inode): the identity of a file whatever path reaches it.
@@ -102,6 +137,17 @@ pub fn file_id(path: &Path) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pushes_nops_and_branches_are_emulated_the_rest_stepped() {
+        assert!(emulated_on_x86_64([0x55, 0x48])); // push rbp
+        assert!(emulated_on_x86_64([0x41, 0x57])); // push r15
+        assert!(emulated_on_x86_64([0x0f, 0x1f])); // nopl 0(rax,rax)
+        assert!(emulated_on_x86_64([0xe9, 0x00])); // jmp
+        assert!(!emulated_on_x86_64([0xf3, 0x0f])); // endbr64
+        assert!(!emulated_on_x86_64([0x48, 0x8d])); // lea
+        assert!(!emulated_on_x86_64([0x48, 0x85])); // test
+    }
 
     #[test]
     fn func_specs_split_at_the_last_colon() {
