@@ -166,8 +166,17 @@ fn test_doubles_exercise_the_success_paths() {
     assert_eq!(h2d["calls"], 30);
     assert_eq!(h2d["total_bytes"], 30 << 20);
     assert_eq!((h2d["pinned"].as_u64(), h2d["pageable"].as_u64()), (Some(20), Some(10)));
+    // The double spins 1 ns a byte: a copy of 1 MiB takes 1.05 ms, unless the machine takes the
+    // CPU from it meanwhile, and the copy is then that much longer (a busy VM did once, for some
+    // 13 ms: 0.74 GB/s over the 30). So the median copy is the double's speed, and the bandwidth
+    // over them all is at most that.
+    let p50 = h2d["latency_p50_ns"].as_f64().unwrap();
+    assert!(
+        (1.0e6..1.3e6).contains(&p50),
+        "the median copy of 1 MiB took {p50} ns; the double spins 1.05 ms"
+    );
     let bandwidth = h2d["bandwidth_gb_s"].as_f64().unwrap();
-    assert!((0.8..1.1).contains(&bandwidth), "bandwidth {bandwidth} GB/s, the double moves 1 GB/s");
+    assert!(bandwidth > 0.3 && bandwidth < 1.1, "bandwidth {bandwidth} GB/s, the double moves 1 GB/s");
 
     // cudaMemcpy runs cuMemcpy inside: counted once.
     let functions = &gpu["functions"];
