@@ -239,17 +239,25 @@ fn calibrate_probes(
         }
         None => None,
     };
-    let mut share = |id: u32| match call_cost.map(|_| crate::uprobes::calibrate::timed_share_ns(probes, id)) {
+    let mut share = |id: u32, what: &str| match call_cost
+        .map(|_| crate::uprobes::calibrate::timed_share_ns(probes, id))
+    {
         Some(Ok(ns)) => ns,
         Some(Err(error)) => {
-            failed("the probes' share of a timed call", error);
+            failed(what, error);
             None
         }
         None => None,
     };
     let in_call = ProbeShare {
-        emulated_ns: share(crate::uprobes::calibrate::CALIBRATION_ID),
-        stepped_ns: share(crate::uprobes::calibrate::CALIBRATION_STEPPED_ID),
+        emulated_ns: share(
+            crate::uprobes::calibrate::CALIBRATION_ID,
+            "the probes' share of a timed call (first instruction emulated)",
+        ),
+        stepped_ns: share(
+            crate::uprobes::calibrate::CALIBRATION_STEPPED_ID,
+            "the probes' share of a timed call (first instruction stepped)",
+        ),
     };
     let heap_cost = match heap.then(|| crate::memory::heap::measure_probe_cost(probes)) {
         Some(Ok(ns)) => Some(ns),

@@ -56,7 +56,8 @@ pub struct FuncRow {
     /// Where it was called from, most calls first.
     pub callers: Vec<(String, u64)>,
     /// How much of each call's time is the probes' own, as measured on this machine for a
-    /// function that begins as this one does (`uprobes::calibrate::timed_share_ns`).
+    /// function that begins as this one does (`uprobes::calibrate::timed_share_ns`; where that
+    /// kind was not measured, the emulated one's, at least).
     pub probe_time_per_call_ns: Option<u64>,
     /// Whether the kernel steps its first instruction out of line (`uprobes::entry_emulated`).
     pub entry_stepped: bool,

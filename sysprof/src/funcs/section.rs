@@ -107,7 +107,13 @@ fn markdown(out: &mut String, functions: &[FuncRow], share: &ProbeShare) {
                 );
             }
             None => {
-                let _ = write!(out, " a call.");
+                // Not measured for a stepped first instruction (only x86-64's calibration has
+                // one): this is the least, and such functions pay more.
+                let _ = write!(
+                    out,
+                    " a call at least, and more where the kernel steps the function's first instruction \
+                     out of line rather than emulating it."
+                );
             }
         }
         let mostly: Vec<String> = functions

@@ -78,6 +78,7 @@ fn time_calls(function: extern "C" fn(u64) -> u64) -> f64 {
 /// Nanoseconds a call probed by the call programs costs more than a bare one.
 pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
     measure(probes, "sysprof_probe_calibration", sysprof_probe_calibration, |probes, exe, offset| {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut points = vec![(offset, u64::from(CALIBRATION_ID))];
         #[cfg(target_arch = "x86_64")]
         points.extend(
