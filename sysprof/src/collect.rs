@@ -538,8 +538,7 @@ pub async fn collect(
             woken = timeline_woken(&mut timeline) => {
                 woken?;
                 if let Some(timeline) = timeline.as_deref_mut() {
-                    timeline.drain();
-                    tell_raised_minimum(timeline, probes);
+                    drain_timeline(timeline, probes);
                 }
                 if cadence.resting {
                     cadence.wake(probes);
@@ -547,11 +546,7 @@ pub async fn collect(
                 }
             }
             _ = tokio::time::sleep_until(next_tick) => {
-                let timeline_events = timeline.as_deref_mut().map_or(0, |timeline| {
-                    let drained = timeline.drain();
-                    tell_raised_minimum(timeline, probes);
-                    drained
-                });
+                let timeline_events = timeline.as_deref_mut().map_or(0, |timeline| drain_timeline(timeline, probes));
                 // Forks, exits and mapped libraries do not wake sysprof (see the programs'
                 // `events::wakeup`): they are read here, if no exec came first.
                 let drained = drain_events(events.get_mut(), processes);
@@ -670,9 +665,11 @@ fn drain_calls(ring: &mut RingBuf<MapData>, calls: &mut UprobeTracers) -> usize 
     drained
 }
 
-/// Tells the programs the timeline's raised minimum, once its bound raised it: a hot probed
-/// function or a storm of short waits then costs no event the next drain would drop.
-fn tell_raised_minimum(timeline: &mut crate::timeline::Collector, probes: &mut Probes) {
+/// Drains the timeline's ring (how many events), then tells the programs its raised minimum,
+/// once its bound raised it: a hot probed function or a storm of short waits then costs no
+/// event the next drain would drop.
+fn drain_timeline(timeline: &mut crate::timeline::Collector, probes: &mut Probes) -> usize {
+    let drained = timeline.drain();
     // Where it cannot be written, the events still come and are dropped on arrival, and the
     // next drain tries again.
     if let Some(minimum) = timeline.raised_minimum_to_tell()
@@ -680,6 +677,7 @@ fn tell_raised_minimum(timeline: &mut crate::timeline::Collector, probes: &mut P
     {
         timeline.told_kernel(minimum);
     }
+    drained
 }
 
 /// The timeline ring's wakeup (see `timeline::Collector::woken`); never when there is none.

@@ -77,15 +77,17 @@ fn time_calls(function: extern "C" fn(u64) -> u64) -> f64 {
 
 /// Nanoseconds a call probed by the call programs costs more than a bare one.
 pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
-    measure(probes, "sysprof_probe_calibration", sysprof_probe_calibration, |probes, exe, offset| {
+    measure(probes, "sysprof_probe_calibration", sysprof_probe_calibration, |probes, exe, exports, offset| {
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut points = vec![(offset, u64::from(CALIBRATION_ID))];
         #[cfg(target_arch = "x86_64")]
         points.extend(
-            elf::exported_functions(exe)?
+            exports
                 .get("sysprof_probe_calibration_stepped")
                 .map(|&stepped| (stepped, u64::from(CALIBRATION_STEPPED_ID))),
         );
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = exports;
         let links = probes.attach_calls(exe, &points)?;
         probes.note_call_probes(
             "sysprof's own sysprof_probe_calibration (measures the cost of a probe hit)",
@@ -127,25 +129,33 @@ pub fn measure_heap_probe_cost(
     probes: &mut Probes,
     attach: impl FnOnce(&mut Probes, &Path, u64) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
-    measure(probes, "sysprof_heap_probe_calibration", sysprof_heap_probe_calibration, attach)
+    measure(
+        probes,
+        "sysprof_heap_probe_calibration",
+        sysprof_heap_probe_calibration,
+        |probes, exe, _, offset| attach(probes, exe, offset),
+    )
 }
 
-/// Times `function` bare and then probed (with sysprof briefly its own target).
+/// Times `function` bare and then probed (with sysprof briefly its own target). `attach` gets
+/// sysprof's binary, its exported functions (read once, before sysprof is its own target) and
+/// `symbol`'s offset.
 fn measure(
     probes: &mut Probes,
     symbol: &str,
     function: extern "C" fn(u64) -> u64,
-    attach: impl FnOnce(&mut Probes, &Path, u64) -> anyhow::Result<()>,
+    attach: impl FnOnce(&mut Probes, &Path, &elf::Exports, u64) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
     let exe = std::env::current_exe().context("locating sysprof's own binary")?;
-    let offset = *elf::exported_functions(&exe)?
+    let exports = elf::exported_functions(&exe)?;
+    let offset = *exports
         .get(symbol)
         .with_context(|| format!("sysprof's binary lost its calibration symbol {symbol} (stripped?)"))?;
     let bare = (0..3).map(|_| time_calls(function)).fold(f64::MAX, f64::min);
     let me = std::process::id();
     probes.add_target_process(me)?;
-    let probed =
-        attach(probes, &exe, offset).map(|()| (0..3).map(|_| time_calls(function)).fold(f64::MAX, f64::min));
+    let probed = attach(probes, &exe, &exports, offset)
+        .map(|()| (0..3).map(|_| time_calls(function)).fold(f64::MAX, f64::min));
     probes.remove_target_process(me)?;
     Ok(((probed? - bare) / f64::from(CALLS)).max(0.0))
 }
