@@ -42,7 +42,8 @@ enum Bench {
     /// switches) by sysprof's scheduler tracing and by bpftrace on sched_switch
     Sched,
     /// A function called in a loop: ns added per call by a sysprof probe (`--func`, the
-    /// machinery of the CUDA/NCCL probes) and by bpftrace uprobe+uretprobe
+    /// machinery of the CUDA/NCCL probes) and by bpftrace uprobe+uretprobe timing the calls
+    /// by user stack (and, shown beside it, in one histogram)
     Uprobe,
     /// A malloc/free loop: ns added per pair by sysprof's heap probes (`--malloc`), by its memory
     /// family without them, and by bpftrace doing the same job (uprobe+uretprobe on malloc, size
@@ -140,6 +141,10 @@ fn sampling_floor_name(hz: &str) -> String {
 /// Rounds of the kernel-timed runs beside a row (`Runner::program_time_row`): the kernel's
 /// statistics are exact sums, so a few runs settle them.
 const PROGRAM_TIME_RUNS: usize = 3;
+
+/// bpftrace doing less than sysprof's job where a row shows it beside the peer that does the
+/// job: timing calls in one histogram, where sysprof keeps them by call site and stack.
+const BPFTRACE_NO_STACKS: &str = "bpftrace, no stacks";
 
 /// bpftrace's equivalent of sysprof's syscall tracing: latency histogram per syscall id.
 const BPFTRACE_SYSCALLS: &str = "\
@@ -464,17 +469,30 @@ impl Runner<'_> {
             self.sysprof_config("sysprof --func", &["--focus", "gpu", "--func", &func], &workload),
             empty_programs_config(&[&func], &[&func], &[], &workload)?,
         ];
+        // sysprof's job: each call's time by where it was called from (its user stack), as
+        // the heap and GPU rows' bpftrace keeps it.
         let script = format!(
+            "uprobe:{binary}:probed_function {{ @start[tid] = nsecs; }}\n\
+             uretprobe:{binary}:probed_function /@start[tid]/ {{ @lat[ustack] = hist(nsecs - @start[tid]); delete(@start[tid]); }}\n"
+        );
+        configs.extend(self.bpftrace_config(&script, &workload)?);
+        // Less than sysprof's job, shown beside it: one histogram of every call's time.
+        let one_histogram = format!(
             "uprobe:{binary}:probed_function {{ @start[tid] = nsecs; }}\n\
              uretprobe:{binary}:probed_function /@start[tid]/ {{ @lat = hist(nsecs - @start[tid]); delete(@start[tid]); }}\n"
         );
-        configs.extend(self.bpftrace_config(&script, &workload)?);
+        configs.extend(
+            self.bpftrace_config(&one_histogram, &workload)?
+                .map(|config| Config { name: BPFTRACE_NO_STACKS.into(), ..config }),
+        );
         println!("\nuprobe: probed_function x 100,000, {} rounds, medians", self.runs);
         let measured = measure(&configs, self.runs, "ns_per_call")?;
         print_added(&measured, "ns per call");
-        self.added_row(&measured, "sysprof --func", "uprobe: ns added per probed call", 1.0);
-        self.floor_row(&measured, "sysprof --func", "uprobe: ns added per probed call");
-        self.program_time_row(&configs, "sysprof --func", "uprobe: ns added per probed call", 1.0)
+        let row = "uprobe: ns added per probed call";
+        self.added_row(&measured, "sysprof --func", row, 1.0);
+        self.floor_row(&measured, "sysprof --func", row);
+        self.lesser_peer_row(&measured, "sysprof --func", row);
+        self.program_time_row(&configs, "sysprof --func", row, 1.0)
     }
 
     fn malloc(&self) -> anyhow::Result<()> {
@@ -930,7 +948,10 @@ impl Runner<'_> {
         let timed: Vec<Config> = configs
             .iter()
             .filter(|config| {
-                config.name == ours || config.name == EMPTY_PROGRAMS || config.name == "bpftrace"
+                config.name == ours
+                    || config.name == EMPTY_PROGRAMS
+                    || config.name == "bpftrace"
+                    || config.name == BPFTRACE_NO_STACKS
             })
             .map(|config| Config {
                 name: config.name.clone(),
@@ -971,7 +992,38 @@ impl Runner<'_> {
             goal: format!("- (the row above's goal: <= {goal}x bpftrace)"),
             holds: Holds::Unjudged,
         });
+        if let Some(lesser) = by_name(BPFTRACE_NO_STACKS) {
+            println!("BPF run time per operation of {BPFTRACE_NO_STACKS}: {lesser:.1} ns");
+            self.rows.borrow_mut().push(Row {
+                row: format!("{row}: the programs' own run time, against {BPFTRACE_NO_STACKS}"),
+                bare: format!("{empty:.1} ns"),
+                sysprof: format!("{ours_own:+.1} ns"),
+                peer: format!("{BPFTRACE_NO_STACKS} {:+.1} ns", lesser - empty),
+                ratio: ratio_to(ours_own, Some(lesser - empty)),
+                goal: "- (less than sysprof's job: no stacks)".into(),
+                holds: Holds::Unjudged,
+            });
+        }
         Ok(())
+    }
+
+    /// Beside `row`: `ours` against bpftrace doing less than sysprof's job
+    /// (`BPFTRACE_NO_STACKS`), when it ran; not judged.
+    fn lesser_peer_row(&self, measured: &[Measured], ours: &str, row: &str) {
+        let bare = measured[0].metric;
+        let (Some(ours), Some(lesser)) = (find(measured, ours), find(measured, BPFTRACE_NO_STACKS)) else {
+            return;
+        };
+        let theirs = lesser - bare;
+        self.rows.borrow_mut().push(Row {
+            row: format!("{row}: against {BPFTRACE_NO_STACKS}"),
+            bare: format!("{bare:.1} ns"),
+            sysprof: format!("{:+.1} ns", ours - bare),
+            peer: format!("{BPFTRACE_NO_STACKS} {theirs:+.1} ns"),
+            ratio: ratio_to(ours - bare, Some(theirs)),
+            goal: "- (less than sysprof's job: no stacks)".into(),
+            holds: Holds::Unjudged,
+        });
     }
 
     fn sysprof_config(&self, name: &str, options: &[&str], workload: &[String]) -> Config {
