@@ -83,7 +83,7 @@ fn check_reports_what_this_machine_can_do() {
 /// The memory section of the golden report: a process with a heap, a GPU, a range copied again.
 fn memory_section() -> sysprof::memory::report::MemoryReport {
     use sysprof::memory::{
-        heap::ProbedAllocator,
+        heap::{EntriesStepped, ProbedAllocator},
         profiles::{AllocSite, FaultSite},
         redundancy::{CopiedRange, HostEvidence},
         report::*,
@@ -169,6 +169,7 @@ fn memory_section() -> sysprof::memory::report::MemoryReport {
                 allocator: "glibc".into(),
                 path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
                 functions: vec!["malloc".into(), "calloc".into(), "realloc".into(), "free".into()],
+                entry_stepped: EntriesStepped { malloc: Some(false), free: Some(true) },
             }],
             sites: vec![AllocSite {
                 pid: 4242,
@@ -178,10 +179,15 @@ fn memory_section() -> sysprof::memory::report::MemoryReport {
                 bytes: 9_100_000,
                 live_bytes: 0,
             }],
-            probe_cost: Some(sysprof::gpu::report::ProbeCost {
-                ns_per_call: 7400.0,
+            probe_cost: Some(HeapProbeCostReport {
+                ns_per_allocation: 1500.0,
+                allocations: 4050,
+                ns_per_free: 6900.0,
+                frees: 4000,
                 hits: 8050,
-                added_s: 0.0596,
+                added_s: 0.0337,
+                malloc_stepped: Some(false),
+                free_stepped: Some(true),
             }),
         }),
         copied_ranges: vec![CopiedRange {

@@ -174,8 +174,13 @@ pub struct RunFacts {
     /// (`uprobes::calibrate::timed_share_ns`).
     #[serde(default)]
     pub probe_share: ProbeShare,
-    /// Measured cost of one allocator call under the heap probes (`--malloc`).
+    /// Measured cost of one allocation under the heap probes (`--malloc`); of a free too in
+    /// recordings older than `heap_free_probe_cost_ns`.
     pub heap_probe_cost_ns: Option<f64>,
+    /// Measured cost of one free under the heap probes (its entry only, and most often a first
+    /// instruction stepped out of line: not an allocation's).
+    #[serde(default)]
+    pub heap_free_probe_cost_ns: Option<f64>,
     /// sysprof's own CPU seconds and peak RSS (KiB) when the report was built; None until then.
     pub own_usage: Option<(f64, u64)>,
     /// What the unwinder did, when it ran.

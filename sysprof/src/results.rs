@@ -10,6 +10,7 @@ use crate::{
     collect::{EndReason, UprobeTracers},
     families,
     launch::{self, CommandEnd},
+    memory::heap::{HeapProbeCost, ProbedAllocator},
     output::{self, OutputDir, Profiles, Rendered, ToWrite},
     probes::Probes,
     procs::ProcessTable,
@@ -83,8 +84,9 @@ impl Results {
         });
         let stats_available = probes.stats_available();
         // After the read-out, so that none of the calibration's runs is in a figure.
-        let (probe_cost_ns, probe_share, heap_probe_cost_ns) =
-            calibrate_probes(&mut probes, &mut limitations, props.quiet);
+        let allocators = tracers.heap.as_ref().map_or(&[][..], |heap| &heap.allocators[..]);
+        let (probe_cost_ns, probe_share, heap_cost) =
+            calibrate_probes(&mut probes, allocators, &mut limitations, props.quiet);
         let attached = probes.attached().to_vec();
         let files_changed = probes.probed_files_changed();
         let detach = probes.detach();
@@ -124,7 +126,8 @@ impl Results {
                 stats_coverage: end.stats_coverage,
                 probe_cost_ns,
                 probe_share,
-                heap_probe_cost_ns,
+                heap_probe_cost_ns: heap_cost.map(|cost| cost.allocation_ns),
+                heap_free_probe_cost_ns: heap_cost.and_then(|cost| cost.free_ns),
                 own_usage: None,
                 unwind: end.unwind.clone(),
             },
@@ -218,9 +221,10 @@ impl Results {
 /// pays nothing.
 fn calibrate_probes(
     probes: &mut Probes,
+    allocators: &[ProbedAllocator],
     limitations: &mut Vec<String>,
     quiet: bool,
-) -> (Option<f64>, ProbeShare, Option<f64>) {
+) -> (Option<f64>, ProbeShare, Option<HeapProbeCost>) {
     let attached =
         |program: &str| probes.attached().iter().any(|probe| Probes::is_program(&probe.program, program));
     let (calls, heap) = (attached("call_enter"), attached("alloc_enter"));
@@ -259,8 +263,8 @@ fn calibrate_probes(
             "the probes' share of a timed call (first instruction stepped)",
         ),
     };
-    let heap_cost = match heap.then(|| crate::memory::heap::measure_probe_cost(probes)) {
-        Some(Ok(ns)) => Some(ns),
+    let heap_cost = match heap.then(|| crate::memory::heap::measure_probe_cost(probes, allocators)) {
+        Some(Ok(cost)) => Some(cost),
         Some(Err(error)) => {
             failed("an allocator probe hit", error);
             None

@@ -51,6 +51,19 @@ pub struct ProbedAllocator {
     pub path: PathBuf,
     /// The functions probed in it.
     pub functions: Vec<String>,
+    /// Whether its malloc and free begin with an instruction the kernel steps out of line.
+    #[serde(default)]
+    pub entry_stepped: EntriesStepped,
+}
+
+/// Whether an allocator's malloc and free begin with an instruction the kernel steps out of
+/// line, a second trap at each call (`uprobes::entry_emulated`; `None` where it cannot tell, or
+/// the function is not probed): what their probes cost depends on it. glibc's malloc begins
+/// with a push, which the kernel emulates, and its free with a test, which it steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct EntriesStepped {
+    pub malloc: Option<bool>,
+    pub free: Option<bool>,
 }
 
 /// Finds the allocators the target uses and keeps them probed.
@@ -168,8 +181,8 @@ impl HeapTracer {
         }
         let owner = (!self.system_wide).then_some(pid);
         match attach_allocator(&mut self.probes, probes, path, owner) {
-            Ok((functions, _)) if functions.is_empty() => {}
-            Ok((functions, allocating)) => {
+            Ok((functions, ..)) if functions.is_empty() => {}
+            Ok((functions, allocating, entry_stepped)) => {
                 let whom = if self.system_wide { "every process" } else { "each target process" };
                 let (enter, leave) = (
                     probes.uprobe_program("alloc_enter", owner),
@@ -199,6 +212,7 @@ impl HeapTracer {
                         allocator: allocator.to_string(),
                         path: path.to_path_buf(),
                         functions,
+                        entry_stepped,
                     });
                 }
             }
@@ -217,14 +231,14 @@ const MAX_PROCESSES: usize = 32;
 const LINKED_IN: &str = "linked into the program";
 
 /// Attaches the heap programs to every allocator function `path` defines, for process `pid`
-/// (`None`: every process); returns the functions' names, and how many links each of the
-/// allocation programs got (see `Probes::attach_functions`).
+/// (`None`: every process); returns the functions' names, how many links each of the
+/// allocation programs got (see `Probes::attach_functions`), and how malloc and free begin.
 fn attach_allocator(
     known: &mut CallProbes,
     probes: &mut Probes,
     path: &Path,
     pid: Option<u32>,
-) -> anyhow::Result<(Vec<String>, u32)> {
+) -> anyhow::Result<(Vec<String>, u32, EntriesStepped)> {
     let exports = known.exports(path)?.clone();
     let mut functions = Vec::new();
     // Aliases (memalign and aligned_alloc in some glibc versions) share an address: one probe.
@@ -238,28 +252,66 @@ fn attach_allocator(
         points.push((offset, kind));
         functions.push(name.to_string());
     }
+    let stepped = |name: &str| Some(!uprobes::entry_emulated(path, *exports.get(name)?)?);
+    let mut entry_stepped = EntriesStepped { malloc: stepped("malloc"), free: None };
     let links = probes.attach_functions(&ALLOC_PROGRAMS, path, &points, pid)?;
     if let Some(&offset) = exports.get(FREEING) {
         probes.attach_functions(&[FREE_PROGRAM], path, &[(offset, 0)], pid)?;
         functions.push(FREEING.to_string());
+        entry_stepped.free = stepped(FREEING);
     }
-    Ok((functions, links))
+    Ok((functions, links, entry_stepped))
 }
 
-/// Nanoseconds an allocator call costs more under the heap probes, measured on sysprof's own
-/// calibration function probed as malloc is.
-pub fn measure_probe_cost(probes: &mut Probes) -> anyhow::Result<f64> {
-    calibrate::measure_heap_probe_cost(probes, |probes, exe, offset| {
-        let links = probes.attach_functions(&ALLOC_PROGRAMS, exe, &[(offset, alloc::MALLOC)], None)?;
-        let (enter, leave) =
-            (probes.uprobe_program("alloc_enter", None), probes.uprobe_program("alloc_return", None));
-        probes.note_uprobes(
-            &[(enter, "uprobe"), (leave, "uretprobe")],
-            "sysprof's own sysprof_heap_probe_calibration (measures the cost of a heap probe hit)",
-            links,
-        );
-        Ok(())
-    })
+/// What an allocator call costs more under the heap probes than a bare one, by how it is
+/// probed: an allocation at its entry and return, a free at its entry.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HeapProbeCost {
+    pub allocation_ns: f64,
+    /// None when no free was probed.
+    pub free_ns: Option<f64>,
+}
+
+/// [`HeapProbeCost`], measured on sysprof's calibration functions probed as the `allocators`'
+/// malloc and free are, each beginning as theirs does (`calibrate::HeapShape`). Where the
+/// allocators differ, the costlier: stepped, as no allocator is cheaper than that.
+pub fn measure_probe_cost(
+    probes: &mut Probes,
+    allocators: &[ProbedAllocator],
+) -> anyhow::Result<HeapProbeCost> {
+    let stepped = |of: fn(&EntriesStepped) -> Option<bool>| {
+        allocators.iter().any(|allocator| of(&allocator.entry_stepped) == Some(true))
+    };
+    let allocation = calibrate::HeapShape { entry_only: false, stepped: stepped(|e| e.malloc) };
+    let allocation_ns =
+        calibrate::measure_heap_probe_cost(probes, allocation, |probes, exe, symbol, offset| {
+            let links = probes.attach_functions(&ALLOC_PROGRAMS, exe, &[(offset, alloc::MALLOC)], None)?;
+            let (enter, leave) =
+                (probes.uprobe_program("alloc_enter", None), probes.uprobe_program("alloc_return", None));
+            probes.note_uprobes(
+                &[(enter, "uprobe"), (leave, "uretprobe")],
+                &format!("sysprof's own {symbol} (measures the cost of an allocation's probes)"),
+                links,
+            );
+            Ok(())
+        })?;
+    let frees = allocators.iter().any(|allocator| allocator.functions.iter().any(|f| f == FREEING));
+    let free_ns = match frees {
+        true => {
+            let free = calibrate::HeapShape { entry_only: true, stepped: stepped(|e| e.free) };
+            Some(calibrate::measure_heap_probe_cost(probes, free, |probes, exe, symbol, offset| {
+                let links = probes.attach_functions(&[FREE_PROGRAM], exe, &[(offset, 0)], None)?;
+                probes.note_uprobes(
+                    &[(probes.uprobe_program(FREE_PROGRAM, None), "uprobe")],
+                    &format!("sysprof's own {symbol} (measures the cost of a free's probe)"),
+                    links,
+                );
+                Ok(())
+            })?)
+        }
+        false => None,
+    };
+    Ok(HeapProbeCost { allocation_ns, free_ns })
 }
 
 /// Which allocator a library is, by its file name.

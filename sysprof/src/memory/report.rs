@@ -8,14 +8,14 @@ use serde::Serialize;
 use sysprof_common::{AddressSpace, LatencyHistogram, histogram};
 
 use super::{
-    heap::ProbedAllocator,
+    heap::{EntriesStepped, HeapProbeCost, ProbedAllocator},
     profiles::{AllocSite, FaultSite},
     redundancy::{CopiedRange, HostEvidence},
     usage::MemorySample,
 };
 use crate::{
     gpu::nvml::report::GpuMetricsReport,
-    gpu::{functions::Pool, report::ProbeCost, state::GpuState},
+    gpu::{functions::Pool, state::GpuState},
     latency,
     memory::MemoryDump,
     procs::ProcessTable,
@@ -171,7 +171,26 @@ pub struct HeapReport {
     /// Most bytes first.
     pub sites: Vec<AllocSite>,
     /// What the allocator probes cost the target.
-    pub probe_cost: Option<ProbeCost>,
+    pub probe_cost: Option<HeapProbeCostReport>,
+}
+
+/// What the allocator probes cost the target's threads: each allocation (probed at its entry
+/// and return) and each free (at its entry) at the cost measured for its kind, on this machine
+/// (`heap::measure_probe_cost`).
+#[derive(Clone, Debug, Serialize)]
+pub struct HeapProbeCostReport {
+    pub ns_per_allocation: f64,
+    pub allocations: u64,
+    pub ns_per_free: f64,
+    pub frees: u64,
+    /// Allocations and frees.
+    pub hits: u64,
+    /// Time added to the target's threads.
+    pub added_s: f64,
+    /// Whether the probed malloc, and free, begin with an instruction the kernel steps out of
+    /// line, a second trap (None: not told, or the allocators differ).
+    pub malloc_stepped: Option<bool>,
+    pub free_stepped: Option<bool>,
 }
 
 /// What the memory section is built from.
@@ -179,8 +198,8 @@ pub struct Inputs<'a> {
     pub processes: &'a ProcessTable,
     pub dump: &'a MemoryDump,
     pub fault_sites: Vec<FaultSite>,
-    /// `--malloc`: the allocators probed, the allocation sites and the cost of a probe hit.
-    pub heap: Option<(Vec<ProbedAllocator>, Vec<AllocSite>, Option<f64>)>,
+    /// `--malloc`: the allocators probed, the allocation sites and what their probes cost.
+    pub heap: Option<(Vec<ProbedAllocator>, Vec<AllocSite>, Option<HeapProbeCost>)>,
     pub gpu: Option<&'a GpuState>,
     pub gpu_metrics: Option<&'a GpuMetricsReport>,
     pub copied_ranges: Vec<CopiedRange>,
@@ -265,22 +284,31 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
     if let Some(gpu) = gpu {
         overview.extend(device_rows(gpu, gpu_metrics, &copied_ranges));
     }
-    let heap = heap.map(|(allocators, sites, probe_ns)| {
-        let hits: u64 = dump
-            .heaps
-            .iter()
-            .filter(|(pid, _)| *pid != me)
-            .map(|(_, a)| a.allocs + a.frees + a.untracked_frees)
-            .sum();
-        HeapReport {
-            allocators,
-            sites,
-            probe_cost: probe_ns.map(|ns| ProbeCost {
-                ns_per_call: ns,
-                hits,
-                added_s: ns * hits as f64 / 1e9,
-            }),
-        }
+    let heap = heap.map(|(allocators, sites, cost)| {
+        let (allocations, frees) =
+            dump.heaps.iter().filter(|(pid, _)| *pid != me).fold((0, 0), |(allocations, frees), (_, a)| {
+                (allocations + a.allocs, frees + a.frees + a.untracked_frees)
+            });
+        let agreed = |of: fn(&EntriesStepped) -> Option<bool>| {
+            let mut kinds = allocators.iter().map(|a| of(&a.entry_stepped));
+            let first = kinds.next().flatten();
+            kinds.all(|kind| kind == first).then_some(first).flatten()
+        };
+        let probe_cost = cost.map(|cost: HeapProbeCost| {
+            // A recording from before frees were measured apart: its one figure for both.
+            let ns_per_free = cost.free_ns.unwrap_or(cost.allocation_ns);
+            HeapProbeCostReport {
+                ns_per_allocation: cost.allocation_ns,
+                allocations,
+                ns_per_free,
+                frees,
+                hits: allocations + frees,
+                added_s: (cost.allocation_ns * allocations as f64 + ns_per_free * frees as f64) / 1e9,
+                malloc_stepped: agreed(|e| e.malloc),
+                free_stepped: agreed(|e| e.free),
+            }
+        });
+        HeapReport { allocators, sites, probe_cost }
     });
     MemoryReport {
         interval_ms: processes.memory_interval().map_or(0, |i| i.as_millis() as u64),

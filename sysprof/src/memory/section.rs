@@ -7,9 +7,10 @@ use std::{collections::HashMap, fmt::Write as _};
 
 use super::{
     MemoryDump,
+    heap::HeapProbeCost,
     profiles::{self, fault_sites},
     redundancy::{self, LiveBlocks},
-    report::{self as memory_report, Inputs, MemoryReport, Side},
+    report::{self as memory_report, HeapProbeCostReport, Inputs, MemoryReport, Side},
 };
 use crate::{
     family::Analysis,
@@ -46,7 +47,13 @@ pub(crate) fn analyze(dump: &mut MemoryDump, cx: &mut Analysis<'_>) -> MemoryRep
         processes: cx.processes,
         dump,
         fault_sites: fault_sites(&faults),
-        heap: heap.map(|heap| (heap.allocators.clone(), alloc_sites, cx.run.heap_probe_cost_ns)),
+        heap: heap.map(|heap| {
+            let cost = cx.run.heap_probe_cost_ns.map(|allocation_ns| HeapProbeCost {
+                allocation_ns,
+                free_ns: cx.run.heap_free_probe_cost_ns,
+            });
+            (heap.allocators.clone(), alloc_sites, cost)
+        }),
         gpu: cx.gpu_state,
         gpu_metrics: cx.sections.get::<GpuMetricsReport>(),
         copied_ranges,
@@ -417,15 +424,41 @@ fn heap(out: &mut String, memory: &MemoryReport) {
         table(out, &["Process", "Allocated from", "Allocations", "Bytes", "Live at the end"], &rows);
     }
     if let Some(cost) = &heap.probe_cost {
-        let _ = writeln!(
-            out,
-            "Cost of the allocator probes: {:.2} µs per call measured on this machine, x {} calls = {:.3} s \
-             added to the target's threads (alloc.svg, alloc.folded show the bytes by stack).\n",
-            cost.ns_per_call / 1000.0,
-            thousands(cost.hits),
-            cost.added_s
+        let _ = writeln!(out, "{}\n", probe_cost_line(cost));
+    }
+}
+
+/// What the allocator probes cost, each kind of call at its own measured cost.
+fn probe_cost_line(cost: &HeapProbeCostReport) -> String {
+    let how = |function: &str, stepped: Option<bool>| match stepped {
+        Some(true) => format!(
+            "; {function}'s first instruction is one the kernel steps out of line, a second trap each call"
+        ),
+        Some(false) => format!("; {function}'s first instruction is one the kernel emulates"),
+        None => String::new(),
+    };
+    let mut line = format!(
+        "Cost of the allocator probes, measured on this machine: {:.2} µs an allocation (its entry and \
+         return{}) x {}",
+        cost.ns_per_allocation / 1000.0,
+        how("malloc", cost.malloc_stepped),
+        thousands(cost.allocations),
+    );
+    if cost.frees > 0 {
+        let _ = write!(
+            line,
+            ", and {:.2} µs a free (its entry{}) x {}",
+            cost.ns_per_free / 1000.0,
+            how("free", cost.free_stepped),
+            thousands(cost.frees)
         );
     }
+    let _ = write!(
+        line,
+        ": {:.3} s added to the target's threads (alloc.svg, alloc.folded show the bytes by stack).",
+        cost.added_s
+    );
+    line
 }
 
 fn both_sides(out: &mut String, memory: &MemoryReport) {
