@@ -508,6 +508,47 @@ fn own_ns_per_call(stdout: &str) -> f64 {
         .unwrap_or_else(|| panic!("no ns_per_call= in {stdout:?}"))
 }
 
+/// A function of a build for CET begins with an endbr64, which the kernel steps out of line (a
+/// second trap each call, 5.5-6.9 us here against 0.85-1.04 us for a push). sysprof probes
+/// such a function at the push after it: every call counted, its time the function's, and the
+/// probe as cheap as a push-first function's. sysload's cet_function is written out so (x86-64).
+#[test]
+#[ignore = "needs root: `cargo xtask test` runs it as root"]
+fn a_function_of_a_cet_build_is_probed_past_its_endbr64() {
+    let Some(_guard) = root_guard("a_function_of_a_cet_build_is_probed_past_its_endbr64") else { return };
+    if !cfg!(target_arch = "x86_64") {
+        eprintln!("skipped: endbr64 is x86-64's");
+        return;
+    }
+    const CALLS: u64 = 20_000;
+    let calls = CALLS.to_string();
+    let (_dir, report) = trace_func("sysload:cet_function", "sysload", &["cetcall", &calls]);
+    let cet = row(&report["functions"], "function", "cet_function");
+    assert_eq!(cet["calls"], CALLS, "{cet:#}");
+    assert_eq!(cet["entry_stepped"], false, "{cet:#}");
+    let probes = report["instrumentation"]["probes"].as_array().unwrap();
+    assert!(
+        probes.iter().any(|p| {
+            let to = p["attached_to"].as_str().unwrap();
+            to.starts_with("function cet_function in ")
+                && to.ends_with("(past its endbr64, at the push the kernel emulates)")
+        }),
+        "{probes:#?}"
+    );
+    // The same function without the endbr64's trap: a lea first, which the kernel steps.
+    let (_dir, report) = trace_func("sysload:probed_function", "sysload", &["probecall", &calls]);
+    let stepped = row(&report["functions"], "function", "probed_function");
+    assert_eq!(stepped["entry_stepped"], true, "{stepped:#}");
+    let p50 = |row: &Value| row["latency"]["p50_ns"].as_f64().unwrap();
+    assert!(
+        p50(cet) < p50(stepped),
+        "cet_function's p50 {:.0} ns, probed_function's (its first instruction stepped) {:.0} ns",
+        p50(cet),
+        p50(stepped)
+    );
+    assert_no_sysprof_programs();
+}
+
 /// What the report says the probes cost the target is what the target paid. A loop of
 /// cudaMemcpy (NVIDIA's real libcudart, no GPU) times its own calls, bare and traced; the cost
 /// a call the report states must be no more than twice the loop's added time, nor under a

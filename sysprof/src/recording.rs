@@ -124,12 +124,13 @@ impl ReportProps {
 }
 
 /// How much of a probed call's time, as the call programs time it, is the probes' own, by
-/// the kind of the function's first instruction (`uprobes::entry_emulated`).
+/// the kind of the function's first instruction (`uprobes::entry_point`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProbeShare {
     /// Where the kernel emulates it (a push, a nop, a jump or a call).
     pub emulated_ns: Option<u64>,
-    /// Where it steps it out of line (any other, endbr64 among them).
+    /// Where it steps it out of line (any other, endbr64 among them: probed past it where a
+    /// push follows).
     pub stepped_ns: Option<u64>,
 }
 

@@ -31,6 +31,7 @@
 //   sysload probecall N           N calls of probed_function; prints "ns_per_call=X" (the
 //                                 uprobe benchmark's timer), and the tracer's BPF time per
 //                                 call (parent_bpf.h)
+//   sysload cetcall N             the same of cet_function (an endbr64, then a push)
 //   sysload lockstorm THREADS SECONDS
 //                                 THREADS threads fighting over one mutex in contended_worker
 //   sysload lockedsleep THREADS SECONDS
@@ -193,6 +194,16 @@ __attribute__((noinline)) long probed_function(long i) {
     return i + 1;
 }
 
+#if defined(__x86_64__)
+// probed_function as a CET build compiles a function that saves a register: an endbr64 first,
+// then a push (what sysprof probes instead, uprobes::entry_point).
+__attribute__((naked, noinline)) long cet_function(long i) {
+    __asm__("endbr64\n\tpush %rbx\n\tlea 1(%rdi), %rax\n\tpop %rbx\n\tret");
+}
+#else
+__attribute__((noinline)) long cet_function(long i) { return probed_function(i); }
+#endif
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile uint64_t shared_counter;
 static double lock_deadline;
@@ -334,6 +345,13 @@ int main(int argc, char **argv) {
         for (long i = 0; i < n; i++) x = probed_function(x);
         printf("ns_per_call=%.2f\n", (now() - start) * 1e9 / n);
         print_parent_bpf(n);
+        return x == n ? 0 : 1;
+    }
+    if (strcmp(mode, "cetcall") == 0) {
+        long n = atol(argv[2]), x = 0;
+        double start = now();
+        for (long i = 0; i < n; i++) x = cet_function(x);
+        printf("ns_per_call=%.2f\n", (now() - start) * 1e9 / n);
         return x == n ? 0 : 1;
     }
     if (strcmp(mode, "negatives") == 0) {

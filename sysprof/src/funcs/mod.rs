@@ -27,7 +27,7 @@ pub struct FuncTracer {
     /// The file each spec resolved to, once attached.
     attached: Vec<Option<PathBuf>>,
     /// Whether the kernel emulates each attached function's first instruction
-    /// (`uprobes::entry_emulated`).
+    /// (`uprobes::entry_point`).
     entry_emulated: Vec<Option<bool>>,
     probes: CallProbes,
     pub problems: Vec<String>,
@@ -39,7 +39,7 @@ pub struct ProbedFunction {
     pub id: u32,
     pub symbol: String,
     pub binary: String,
-    /// Whether the kernel emulates its first instruction (`uprobes::entry_emulated`).
+    /// Whether the kernel emulates its first instruction (`uprobes::entry_point`).
     #[serde(default)]
     pub entry_emulated: Option<bool>,
 }
@@ -59,7 +59,7 @@ pub struct FuncRow {
     /// function that begins as this one does (`uprobes::calibrate::timed_share_ns`; where that
     /// kind was not measured, the emulated one's, at least).
     pub probe_time_per_call_ns: Option<u64>,
-    /// Whether the kernel steps its first instruction out of line (`uprobes::entry_emulated`).
+    /// Whether the kernel steps its first instruction out of line (`uprobes::entry_point`).
     pub entry_stepped: bool,
 }
 

@@ -101,7 +101,8 @@ fn markdown(out: &mut String, functions: &[FuncRow], share: &ProbeShare) {
                     out,
                     " a call where the kernel emulates the function's first instruction, {} where it steps it \
                      out of line, a second trap ({}on x86-64, any first instruction but a push, a nop, a jump or \
-                     a call, endbr64 among them, which begins every function of a distribution built for CET).",
+                     a call; a CET build's endbr64 is one, so a function that begins with one and a push is \
+                     probed at the push).",
                     format_ns(stepped),
                     if named.is_empty() { String::new() } else { format!("{} here; ", named.join(", ")) }
                 );

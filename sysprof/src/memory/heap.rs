@@ -57,7 +57,7 @@ pub struct ProbedAllocator {
 }
 
 /// Whether an allocator's malloc and free begin with an instruction the kernel steps out of
-/// line, a second trap at each call (`uprobes::entry_emulated`; `None` where it cannot tell, or
+/// line, a second trap at each call (`uprobes::entry_point`; `None` where it cannot tell, or
 /// the function is not probed): what their probes cost depends on it. glibc's malloc begins
 /// with a push, which the kernel emulates, and its free with a test, which it steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -244,19 +244,21 @@ fn attach_allocator(
     // Aliases (memalign and aligned_alloc in some glibc versions) share an address: one probe.
     let mut offsets: HashMap<u64, &str> = HashMap::new();
     let mut points = Vec::new();
+    // Each probe where it costs least (past a CET build's endbr64, `uprobes::entry_point`).
+    let entry = |name: &str| exports.get(name).map(|&offset| uprobes::entry_point(path, offset));
     for (name, kind) in ALLOCATING {
-        let Some(&offset) = exports.get(name) else { continue };
-        if offsets.insert(offset, name).is_some() {
+        let Some(entry) = entry(name) else { continue };
+        if offsets.insert(entry.offset, name).is_some() {
             continue;
         }
-        points.push((offset, kind));
+        points.push((entry.offset, kind));
         functions.push(name.to_string());
     }
-    let stepped = |name: &str| Some(!uprobes::entry_emulated(path, *exports.get(name)?)?);
+    let stepped = |name: &str| Some(!entry(name)?.emulated?);
     let mut entry_stepped = EntriesStepped { malloc: stepped("malloc"), free: None };
     let links = probes.attach_functions(&ALLOC_PROGRAMS, path, &points, pid)?;
-    if let Some(&offset) = exports.get(FREEING) {
-        probes.attach_functions(&[FREE_PROGRAM], path, &[(offset, 0)], pid)?;
+    if let Some(free) = entry(FREEING) {
+        probes.attach_functions(&[FREE_PROGRAM], path, &[(free.offset, 0)], pid)?;
         functions.push(FREEING.to_string());
         entry_stepped.free = stepped(FREEING);
     }

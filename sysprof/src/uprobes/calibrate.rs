@@ -26,7 +26,8 @@ const CALLS: u32 = 2_000;
 /// emulates a probed push, but steps most other instructions out of line, a second trap.
 /// Empty programs on the entry and return of a loop's function, by its first instruction
 /// (kernel 6.18, a 2-CPU VM): push 0.85-1.04 us a call, nop 0.82-1.16, 5-byte nop 0.48-0.69;
-/// lea 5.3-6.8, test 6.9-7.3, endbr64 5.5-6.9 (so every function of a CET build pays it).
+/// lea 5.3-6.8, test 6.9-7.3, endbr64 5.5-6.9 (which begins every function of a CET build;
+/// `uprobes::entry_point` probes those that push a register next at the push).
 /// Compiled, it began with a store to the stack, and its probes measured 8.1-8.4 us a call
 /// where a loop of cudaMemcpy lost 1.7-1.9 us (a 2-CPU VM, where each trap is a VM exit). So
 /// the figures are what a typical function's probes cost, and no more than what any function's
@@ -46,7 +47,8 @@ pub extern "C" fn sysprof_probe_calibration(x: u64) -> u64 {
 }
 
 /// `sysprof_probe_calibration` beginning with an instruction the kernel steps out of line (a
-/// `lea`), as a function of a CET build does (`endbr64`), or a leaf that starts on its work:
+/// `lea`), as a leaf that starts on its work does, or a CET build's function that has no push
+/// after its `endbr64` (`uprobes::entry_point` probes the others at the push):
 /// only its calls' times are read (`timed_share_ns`), for such functions' share.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(no_mangle)]
