@@ -294,7 +294,9 @@ fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks(
 /// and free times its own pairs, bare and traced. glibc's malloc begins with a push, which the
 /// kernel emulates, and its free with a test, which it steps out of line (a second trap): one
 /// calibration, stepped, for both said 1.5 to 1.8 times what the pairs lost (7.2-10.4 us a
-/// call against 9.5-11.7 us a pair, a 2-CPU VM).
+/// call against 9.5-11.7 us a pair, a 2-CPU VM). free is now probed at the conditional jump
+/// after its test, which the kernel emulates (`uprobes::entry_point`): stated over lost
+/// 0.65-1.23 in 9 runs.
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn the_heap_probe_cost_the_report_states_is_what_the_target_paid() {
@@ -330,22 +332,20 @@ fn the_heap_probe_cost_the_report_states_is_what_the_target_paid() {
     assert!(allocations >= PAIRS && frees >= PAIRS && allocations < PAIRS + 100, "{cost:#}");
     let stated = cost["ns_per_allocation"].as_f64().unwrap() + cost["ns_per_free"].as_f64().unwrap();
     assert!(
-        stated > added * 0.5 && stated < added * 1.35,
+        stated > added * 0.5 && stated < added * 1.45,
         "the report says a malloc and free pair's probes cost {stated:.0} ns; the loop lost {added:.0} ns a pair"
     );
     #[cfg(target_arch = "x86_64")]
     {
+        // glibc's malloc begins with a push; its free with `test rdi, rdi; je` (after an
+        // endbr64 in a CET build), probed at the je.
         assert_eq!(
             (cost["malloc_stepped"].as_bool(), cost["free_stepped"].as_bool()),
-            (Some(false), Some(true))
-        );
-        assert!(
-            cost["ns_per_free"].as_f64().unwrap() > cost["ns_per_allocation"].as_f64().unwrap(),
-            "a stepped free's probe costs more than an emulated malloc's two: {cost:#}"
+            (Some(false), Some(false))
         );
         let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(
-            markdown.contains("(its entry; free's first instruction is one the kernel steps out of line"),
+            markdown.contains("(its entry; the kernel emulates the instruction free is probed at)"),
             "{markdown}"
         );
     }

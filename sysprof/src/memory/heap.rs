@@ -51,15 +51,16 @@ pub struct ProbedAllocator {
     pub path: PathBuf,
     /// The functions probed in it.
     pub functions: Vec<String>,
-    /// Whether its malloc and free begin with an instruction the kernel steps out of line.
+    /// Whether its malloc and free are probed at an instruction the kernel steps out of line.
     #[serde(default)]
     pub entry_stepped: EntriesStepped,
 }
 
-/// Whether an allocator's malloc and free begin with an instruction the kernel steps out of
-/// line, a second trap at each call (`uprobes::entry_point`; `None` where it cannot tell, or
+/// Whether an allocator's malloc and free are probed at an instruction the kernel steps out
+/// of line, a second trap at each call (`uprobes::entry_point`; `None` where it cannot tell, or
 /// the function is not probed): what their probes cost depends on it. glibc's malloc begins
-/// with a push, which the kernel emulates, and its free with a test, which it steps.
+/// with a push, which the kernel emulates, and its free with a test, which it would step: free
+/// is probed at the conditional jump after it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct EntriesStepped {
     pub malloc: Option<bool>,
@@ -244,8 +245,11 @@ fn attach_allocator(
     // Aliases (memalign and aligned_alloc in some glibc versions) share an address: one probe.
     let mut offsets: HashMap<u64, &str> = HashMap::new();
     let mut points = Vec::new();
-    // Each probe where it costs least (past a CET build's endbr64, `uprobes::entry_point`).
-    let entry = |name: &str| exports.get(name).map(|&offset| uprobes::entry_point(path, offset));
+    // Each probe where it costs least (past a CET build's endbr64, or free's test of its
+    // argument: `uprobes::entry_point`).
+    let entry = |name: &str| {
+        exports.get(name).map(|&offset| uprobes::entry_point(path, offset, exports.size_at(offset)))
+    };
     for (name, kind) in ALLOCATING {
         let Some(entry) = entry(name) else { continue };
         if offsets.insert(entry.offset, name).is_some() {

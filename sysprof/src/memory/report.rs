@@ -187,8 +187,8 @@ pub struct HeapProbeCostReport {
     pub hits: u64,
     /// Time added to the target's threads.
     pub added_s: f64,
-    /// Whether the probed malloc, and free, begin with an instruction the kernel steps out of
-    /// line, a second trap (None: not told, or the allocators differ).
+    /// Whether the probed malloc, and free, are probed at an instruction the kernel steps out
+    /// of line, a second trap (None: not told, or the allocators differ).
     pub malloc_stepped: Option<bool>,
     pub free_stepped: Option<bool>,
 }

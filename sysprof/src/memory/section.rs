@@ -434,7 +434,7 @@ fn probe_cost_line(cost: &HeapProbeCostReport) -> String {
         Some(true) => format!(
             "; {function}'s first instruction is one the kernel steps out of line, a second trap each call"
         ),
-        Some(false) => format!("; {function}'s first instruction is one the kernel emulates"),
+        Some(false) => format!("; the kernel emulates the instruction {function} is probed at"),
         None => String::new(),
     };
     let mut line = format!(

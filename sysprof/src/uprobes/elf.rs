@@ -6,8 +6,30 @@ use std::{collections::HashMap, fs::File, path::Path};
 use anyhow::Context as _;
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ReadCache, ReadRef};
 
-/// Exported function name -> file offset of its first instruction.
-pub type Exports = HashMap<String, u64>;
+/// The functions a file defines: where each starts in the file, and how long it is.
+#[derive(Clone, Debug, Default)]
+pub struct Exports {
+    /// Name -> file offset of its first instruction.
+    offsets: HashMap<String, u64>,
+    /// File offset -> the function's size in bytes, where its symbol gives one.
+    sizes: HashMap<u64, u64>,
+}
+
+impl Exports {
+    /// The file offset of function `name`'s first instruction.
+    pub fn get(&self, name: &str) -> Option<&u64> {
+        self.offsets.get(name)
+    }
+
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.offsets.contains_key(name)
+    }
+
+    /// The size of the function that starts at file offset `offset`, when its symbol says.
+    pub fn size_at(&self, offset: u64) -> Option<u64> {
+        self.sizes.get(&offset).copied()
+    }
+}
 
 /// The functions `path` defines: its dynamic symbols, then its static symbol table when it has
 /// one (programs keep their own functions there).
@@ -15,7 +37,7 @@ pub fn exported_functions(path: &Path) -> anyhow::Result<Exports> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let cache = ReadCache::new(file);
     let elf = object::File::parse(&cache).with_context(|| format!("reading ELF {}", path.display()))?;
-    let mut exports = Exports::new();
+    let mut exports = Exports::default();
     let add = |exports: &mut Exports, symbol: object::Symbol<'_, '_, &ReadCache<File>>| {
         if symbol.kind() != object::SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
             return;
@@ -23,7 +45,10 @@ pub fn exported_functions(path: &Path) -> anyhow::Result<Exports> {
         let (Ok(name), Some(offset)) = (symbol.name(), file_offset(&elf, &symbol)) else { return };
         // Versioned names (cudaMalloc@@libcudart.so.12) answer to their plain name too.
         let plain = name.split('@').next().unwrap_or(name);
-        exports.entry(plain.to_string()).or_insert(offset);
+        exports.offsets.entry(plain.to_string()).or_insert(offset);
+        if symbol.size() > 0 {
+            exports.sizes.entry(offset).or_insert(symbol.size());
+        }
     };
     for symbol in elf.dynamic_symbols() {
         add(&mut exports, symbol);
@@ -63,7 +88,10 @@ mod tests {
             })
             .expect("this test links libc");
         let exports = exported_functions(&libc).unwrap();
-        assert!(exports.contains_key("malloc"), "{} exports", exports.len());
-        assert!(exports["malloc"] > 0);
+        assert!(exports.contains_key("malloc"), "{} exports", exports.offsets.len());
+        let malloc = *exports.get("malloc").unwrap();
+        assert!(malloc > 0);
+        // Its size, for uprobes::entry_point.
+        assert!(exports.size_at(malloc).is_some_and(|size| size > 16), "{:?}", exports.size_at(malloc));
     }
 }

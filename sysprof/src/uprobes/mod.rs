@@ -61,9 +61,8 @@ impl CallProbes {
         let points: Vec<(u64, u64)> = functions
             .iter()
             .filter_map(|&(name, function_id, flags)| {
-                exports
-                    .get(name)
-                    .map(|&offset| (entry_point(path, offset).offset, u64::from(function_id) | flags))
+                let entry = |offset: u64| entry_point(path, offset, exports.size_at(offset));
+                exports.get(name).map(|&offset| (entry(offset).offset, u64::from(function_id) | flags))
             })
             .collect();
         let count = points.len();
@@ -90,10 +89,9 @@ impl CallProbes {
             .exports(path)?
             .get(symbol)
             .with_context(|| format!("{} has no function {symbol}", path.display()))?;
-        let entry = entry_point(path, offset);
+        let entry = entry_point(path, offset, self.exports(path)?.size_at(offset));
         let links = probes.attach_calls(path, &[(entry.offset, u64::from(id) | call::ERROR_IF_NEGATIVE)])?;
-        let past =
-            if entry.past_endbr64 { " (past its endbr64, at the push the kernel emulates)" } else { "" };
+        let past = entry.past.map_or(String::new(), |past| format!(" ({})", past.describe()));
         probes.note_call_probes(&format!("function {symbol} in {}{past}", path.display()), links);
         Ok(entry.emulated)
     }
@@ -102,49 +100,160 @@ impl CallProbes {
 /// Where a function's entry probe goes, and whether the kernel emulates the instruction there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EntryPoint {
-    /// File offset of the probe: the function's first instruction, or the push after its
-    /// `endbr64` (see [`entry_point`]).
+    /// File offset of the probe: the function's first instruction, or one after it (see
+    /// [`entry_point`]).
     pub offset: u64,
     /// Whether the kernel emulates the probed instruction rather than stepping it out of line
     /// (a second trap): what a probe hit costs depends on it (see
     /// `calibrate::sysprof_probe_calibration`). `None` where it cannot tell.
     pub emulated: Option<bool>,
-    /// Probed past an `endbr64`.
-    pub past_endbr64: bool,
+    /// What the probe was moved past, when it was.
+    pub past: Option<Past>,
 }
 
-/// The entry probe's place for the function at `offset` of `path`. Every function of a build
-/// for CET (Ubuntu's and Fedora's default, their glibc's malloc among them) begins with an
-/// `endbr64`, which the kernel steps out of line: 5.5-6.9 us a call on a 2-CPU VM, against
-/// 0.85-1.04 for a push, which it emulates. When a push follows it, the probe goes on the push:
-/// `endbr64` does nothing there (it marks where an indirect branch may land, and the probe
-/// changes no branch), the stack pointer still points at the return address (what a return
-/// probe replaces), every call passes the push, and no branch comes back to it (a prologue is
-/// no loop's head, unlike a leaf's first instruction, which is why nothing else is skipped).
-pub fn entry_point(path: &Path, offset: u64) -> EntryPoint {
+/// The first instructions an entry probe goes past, to one the kernel emulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Past {
+    /// A CET build's `endbr64`, to the push after it.
+    Endbr64,
+    /// A test or comparison of registers (and an `endbr64` before it, if any), to the
+    /// conditional jump after it: glibc's free begins `test rdi, rdi; je`.
+    Test,
+}
+
+impl Past {
+    /// Where the probe is, for Part B.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Past::Endbr64 => "past its endbr64, at the push the kernel emulates",
+            Past::Test => "past its first test, at the conditional jump the kernel emulates",
+        }
+    }
+}
+
+/// The most of a function read to place its probe (its branches are checked, `x86::place`).
+const MAX_FUNCTION_BYTES: u64 = 64 << 10;
+
+/// The entry probe's place for the function at `offset` of `path` (`size` bytes long, when its
+/// symbol says). The kernel steps most probed instructions out of line, a second trap each
+/// call: 5.3-7.3 us a call on a 2-CPU VM against 0.85-1.04 us for a push, which it emulates, as
+/// it does a nop, a jump or a call. Two beginnings are common and need not be probed where
+/// they start:
+/// - a CET build's function (Ubuntu's and Fedora's default, their glibc among them) begins with
+///   an `endbr64`. When a push follows, the probe goes on the push: the `endbr64` does nothing
+///   there (it marks where an indirect branch may land, and no branch changes), and a prologue
+///   is no loop's head;
+/// - a function that first tests an argument (glibc's free: `test rdi, rdi; je`). The probe goes
+///   on the conditional jump when nothing else in the function can land on it (`x86::place`).
+///
+/// Either way what the probe reads is as it was at the start: the arguments (neither
+/// instruction writes a register but the flags), the stack pointer, and the return address
+/// there, which a return probe replaces; and every call passes the probed instruction once.
+pub fn entry_point(path: &Path, offset: u64, size: Option<u64>) -> EntryPoint {
+    let unknown = EntryPoint { offset, emulated: None, past: None };
     #[cfg(target_arch = "x86_64")]
     {
         use std::os::unix::fs::FileExt as _;
-        let mut bytes = [0u8; 6];
-        let read = std::fs::File::open(path).and_then(|file| file.read_exact_at(&mut bytes, offset));
-        if read.is_err() {
-            return EntryPoint { offset, emulated: None, past_endbr64: false };
+        let Ok(file) = std::fs::File::open(path) else { return unknown };
+        let len = size.filter(|&size| size >= 2).map_or(16, |size| size.min(MAX_FUNCTION_BYTES));
+        let mut code = vec![0u8; len as usize];
+        let mut read = 0;
+        while read < code.len() {
+            match file.read_at(&mut code[read..], offset + read as u64) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
         }
-        if bytes[..4] == ENDBR64 && is_push_x86_64([bytes[4], bytes[5]]) {
-            return EntryPoint { offset: offset + 4, emulated: Some(true), past_endbr64: true };
+        code.truncate(read);
+        if code.len() < 2 {
+            return unknown;
         }
-        EntryPoint { offset, emulated: Some(emulated_on_x86_64([bytes[0], bytes[1]])), past_endbr64: false }
+        let placed = x86::place(&code, size.is_some() && code.len() as u64 == len);
+        EntryPoint { offset: offset + placed.skip, emulated: Some(placed.emulated), past: placed.past }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = path;
-        EntryPoint { offset, emulated: None, past_endbr64: false }
+        let _ = (path, size);
+        unknown
     }
 }
 
-/// `endbr64`'s encoding.
-#[cfg(any(target_arch = "x86_64", test))]
-const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind};
+
+    use super::{Past, emulated_on_x86_64};
+
+    pub struct Placed {
+        /// Bytes from the function's start to the probed instruction.
+        pub skip: u64,
+        pub emulated: bool,
+        pub past: Option<Past>,
+    }
+
+    /// Where to probe the function whose code is `code`, all of it when `whole` (else its
+    /// first bytes: then only an `endbr64` and a push are gone past, which need no check).
+    pub fn place(code: &[u8], whole: bool) -> Placed {
+        let at = |ip: usize| -> Option<Instruction> {
+            let instruction = Decoder::with_ip(64, code.get(ip..)?, ip as u64, DecoderOptions::NONE).decode();
+            (!instruction.is_invalid()).then_some(instruction)
+        };
+        let start = Placed { skip: 0, emulated: emulated_on_x86_64([code[0], code[1]]), past: None };
+        let Some(first) = at(0) else { return start };
+        let (endbr64, next) = match first.mnemonic() {
+            Mnemonic::Endbr64 => (true, first.len()),
+            _ => (false, 0),
+        };
+        let Some(second) = at(next) else { return start };
+        if endbr64 && second.mnemonic() == Mnemonic::Push && second.op0_kind() == OpKind::Register {
+            return Placed { skip: next as u64, emulated: true, past: Some(Past::Endbr64) };
+        }
+        let flags_only = matches!(second.mnemonic(), Mnemonic::Test | Mnemonic::Cmp)
+            && (0..second.op_count()).all(|operand| {
+                matches!(
+                    second.op_kind(operand),
+                    OpKind::Register
+                        | OpKind::Immediate8
+                        | OpKind::Immediate32
+                        | OpKind::Immediate8to32
+                        | OpKind::Immediate8to64
+                        | OpKind::Immediate32to64
+                )
+            });
+        let jump = next + second.len();
+        match at(jump) {
+            Some(third)
+                if flags_only && third.is_jcc_short_or_near() && whole && !landed_on(code, jump as u64) =>
+            {
+                Placed { skip: jump as u64, emulated: true, past: Some(Past::Test) }
+            }
+            _ => start,
+        }
+    }
+
+    /// Whether a branch of the function (`code`, the whole of it) may land at `ip`: a direct
+    /// one there, any indirect jump (a jump table's targets are not known here), or code that
+    /// does not decode (data, or a misread: nothing is sure then).
+    fn landed_on(code: &[u8], ip: u64) -> bool {
+        let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+        let mut instruction = Instruction::default();
+        while decoder.can_decode() {
+            decoder.decode_out(&mut instruction);
+            if instruction.is_invalid() {
+                return true;
+            }
+            // Any near branch (a jump, a conditional one, a call, a loop) there.
+            let direct = matches!(
+                instruction.op0_kind(),
+                OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+            );
+            if (direct && instruction.near_branch_target() == ip) || instruction.is_jmp_near_indirect() {
+                return true;
+            }
+        }
+        false
+    }
+}
 
 /// A push of a 64-bit register, by its first two bytes.
 #[cfg(any(target_arch = "x86_64", test))]
@@ -178,27 +287,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_function_of_a_cet_build_is_probed_at_the_push_after_its_endbr64() {
+    fn entry_probes_go_past_an_endbr64_or_a_test_to_what_the_kernel_emulates() {
         let dir = tempfile::tempdir().unwrap();
-        let code = dir.path().join("code");
-        // endbr64; push rbp | endbr64; lea (a leaf) | push rbx | lea
-        let functions: [&[u8]; 4] = [
-            &[0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48],
-            &[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8d],
-            &[0x53, 0x48, 0x8d, 0x47, 0x01, 0x5b],
-            &[0x48, 0x8d, 0x47, 0x01, 0xc3, 0x90],
-        ];
-        std::fs::write(&code, functions.concat()).unwrap();
-        let at = |offset| entry_point(&code, offset);
-        #[cfg(target_arch = "x86_64")]
-        {
-            assert_eq!(at(0), EntryPoint { offset: 4, emulated: Some(true), past_endbr64: true });
-            assert_eq!(at(6), EntryPoint { offset: 6, emulated: Some(false), past_endbr64: false });
-            assert_eq!(at(12), EntryPoint { offset: 12, emulated: Some(true), past_endbr64: false });
-            assert_eq!(at(18), EntryPoint { offset: 18, emulated: Some(false), past_endbr64: false });
+        let place = |name: &str, code: &[u8], size: Option<u64>| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, code).unwrap();
+            let entry = entry_point(&path, 0, size);
+            (entry.offset, entry.emulated, entry.past)
+        };
+        let whole = |name: &str, code: &[u8]| place(name, code, Some(code.len() as u64));
+        // test rdi, rdi; je 0xb; lea rax, [rdi + 1]; ret; nop; xor eax, eax; ret
+        let test_first: &[u8] =
+            &[0x48, 0x85, 0xff, 0x74, 0x06, 0x48, 0x8d, 0x47, 0x01, 0xc3, 0x90, 0x31, 0xc0, 0xc3];
+        if cfg!(target_arch = "x86_64") {
+            // endbr64; push rbp; mov rbp, rsp; pop rbp; ret
+            let cet = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0x5d, 0xc3];
+            assert_eq!(whole("cet", &cet), (4, Some(true), Some(Past::Endbr64)));
+            // Its first bytes suffice.
+            assert_eq!(place("cet", &cet, None), (4, Some(true), Some(Past::Endbr64)));
+            // endbr64; lea rax, [rdi + 1]; ret: a leaf's work may be a loop's head.
+            assert_eq!(
+                whole("leaf", &[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8d, 0x47, 0x01, 0xc3]),
+                (0, Some(false), None)
+            );
+            // push rbx; ...: emulated where it starts.
+            assert_eq!(whole("push", &[0x53, 0x48, 0x8d, 0x47, 0x01, 0x5b, 0xc3]), (0, Some(true), None));
+            assert_eq!(whole("test", test_first), (3, Some(true), Some(Past::Test)));
+            // Not without the whole function to check.
+            assert_eq!(place("test", test_first, None), (0, Some(false), None));
+            // The same with a jump back to the je (jmp 3 in place of xor eax, eax; ret).
+            let looped = [&test_first[..11], &[0xeb, 0xf6]].concat();
+            assert_eq!(whole("looped", &looped), (0, Some(false), None));
+            // ... or with an indirect jump (jmp rax), which may land anywhere.
+            let indirect = [&test_first[..11], &[0xff, 0xe0]].concat();
+            assert_eq!(whole("indirect", &indirect), (0, Some(false), None));
+            // endbr64; test rdi, rdi; je 0xa; ret; xor eax, eax; ret (a CET build's free).
+            let cet_test = [0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x85, 0xff, 0x74, 0x01, 0xc3, 0x31, 0xc0, 0xc3];
+            assert_eq!(whole("cet_test", &cet_test), (7, Some(true), Some(Past::Test)));
         }
-        // Past the file's end: placed where asked, its kind unknown.
-        assert_eq!(at(22), EntryPoint { offset: 22, emulated: None, past_endbr64: false });
+        // A function past the file's end: placed where asked, its kind unknown.
+        assert_eq!(place("short", &[0x90], None), (0, None, None));
     }
 
     #[test]

@@ -491,6 +491,9 @@ impl Runner<'_> {
             Config { name: "bare".into(), argv: workload.clone() },
             self.sysprof_config("sysprof --focus memory", &["--focus", "memory"], &workload),
             self.sysprof_config("sysprof --malloc", &["--focus", "memory", "--malloc"], &workload),
+            // At the functions' first instructions, where bpftrace's are. sysprof probes free at
+            // the conditional jump after its test, which the kernel emulates (the test it would
+            // step out of line: uprobes::entry_point), so it can go under this floor.
             empty_programs_config(
                 &[&format!("{libc}:malloc"), &format!("{libc}:free")],
                 &[&format!("{libc}:malloc")],
