@@ -290,13 +290,24 @@ fn malloc_counts_and_bytes_are_exact_with_the_allocating_function_in_the_stacks(
     assert_no_sysprof_programs();
 }
 
+/// Whether this process's free begins `test rdi, rdi` (after an endbr64 or not).
+#[cfg(target_arch = "x86_64")]
+fn own_free_begins_with_a_test() -> bool {
+    // SAFETY: dlsym of a symbol libc defines.
+    let free = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"free".as_ptr()) } as *const u8;
+    // SAFETY: free's code, mapped, and longer than 7 bytes.
+    let code = unsafe { std::slice::from_raw_parts(free, 7) };
+    code[..3] == [0x48, 0x85, 0xff] || code == [0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x85, 0xff]
+}
+
 /// What the report says the allocator probes cost is what the target paid. A loop of malloc
 /// and free times its own pairs, bare and traced. glibc's malloc begins with a push, which the
 /// kernel emulates, and its free with a test, which it steps out of line (a second trap): one
 /// calibration, stepped, for both said 1.5 to 1.8 times what the pairs lost (7.2-10.4 us a
 /// call against 9.5-11.7 us a pair, a 2-CPU VM). free is now probed at the conditional jump
 /// after its test, which the kernel emulates (`uprobes::entry_point`): stated over lost
-/// 0.65-1.23 in 9 runs.
+/// 0.65-1.23 in 9 runs. The bounds catch a calibration of the other kind of instruction, some
+/// 5 times off (the bare time is the best of 3 runs, the traced one a single run).
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn the_heap_probe_cost_the_report_states_is_what_the_target_paid() {
@@ -332,22 +343,23 @@ fn the_heap_probe_cost_the_report_states_is_what_the_target_paid() {
     assert!(allocations >= PAIRS && frees >= PAIRS && allocations < PAIRS + 100, "{cost:#}");
     let stated = cost["ns_per_allocation"].as_f64().unwrap() + cost["ns_per_free"].as_f64().unwrap();
     assert!(
-        stated > added * 0.5 && stated < added * 1.45,
+        stated > added * 0.4 && stated < added * 1.6,
         "the report says a malloc and free pair's probes cost {stated:.0} ns; the loop lost {added:.0} ns a pair"
     );
     #[cfg(target_arch = "x86_64")]
     {
-        // glibc's malloc begins with a push; its free with `test rdi, rdi; je` (after an
-        // endbr64 in a CET build), probed at the je.
-        assert_eq!(
-            (cost["malloc_stepped"].as_bool(), cost["free_stepped"].as_bool()),
-            (Some(false), Some(false))
-        );
-        let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
-        assert!(
-            markdown.contains("(its entry; the kernel emulates the instruction free is probed at)"),
-            "{markdown}"
-        );
+        // glibc's malloc begins with a push. Its free begins with `test rdi, rdi; je` (after an
+        // endbr64 in a CET build) since glibc 2.34 dropped the hooks free read first, and is
+        // probed at the je. This process's free is memload's.
+        assert_eq!(cost["malloc_stepped"].as_bool(), Some(false), "{cost:#}");
+        if own_free_begins_with_a_test() {
+            assert_eq!(cost["free_stepped"].as_bool(), Some(false), "{cost:#}");
+            let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+            assert!(
+                markdown.contains("(its entry; the kernel emulates the instruction free is probed at)"),
+                "{markdown}"
+            );
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = dir;

@@ -178,8 +178,8 @@ pub struct RunFacts {
     /// Measured cost of one allocation under the heap probes (`--malloc`); of a free too in
     /// recordings older than `heap_free_probe_cost_ns`.
     pub heap_probe_cost_ns: Option<f64>,
-    /// Measured cost of one free under the heap probes (its entry only, and most often a first
-    /// instruction stepped out of line: not an allocation's).
+    /// Measured cost of one free under the heap probes (its entry only, and probed at another
+    /// kind of instruction than malloc, most often: not an allocation's).
     #[serde(default)]
     pub heap_free_probe_cost_ns: Option<f64>,
     /// sysprof's own CPU seconds and peak RSS (KiB) when the report was built; None until then.

@@ -196,7 +196,11 @@ __attribute__((noinline)) long probed_function(long i) {
 
 #if defined(__x86_64__)
 // probed_function as a CET build compiles a function that saves a register: an endbr64 first,
-// then a push (what sysprof probes instead, uprobes::entry_point).
+// then a push (what sysprof probes instead, uprobes::entry_point). Written out, and kept from a
+// CET compiler's own endbr64 before it (nocf_check).
+#if defined(__CET__)
+__attribute__((nocf_check))
+#endif
 __attribute__((naked, noinline)) long cet_function(long i) {
     __asm__("endbr64\n\tpush %rbx\n\tlea 1(%rdi), %rax\n\tpop %rbx\n\tret");
 }

@@ -102,7 +102,7 @@ fn markdown(out: &mut String, functions: &[FuncRow], share: &ProbeShare) {
                     " a call where the kernel emulates the function's first instruction, {} where it steps it \
                      out of line, a second trap ({}on x86-64, any first instruction but a push, a nop, a jump or \
                      a call; a CET build's endbr64 is one, so a function that begins with one and a push is \
-                     probed at the push).",
+                     probed at the push, where Part B says so).",
                     format_ns(stepped),
                     if named.is_empty() { String::new() } else { format!("{} here; ", named.join(", ")) }
                 );

@@ -248,7 +248,7 @@ fn attach_allocator(
     // Each probe where it costs least (past a CET build's endbr64, or free's test of its
     // argument: `uprobes::entry_point`).
     let entry = |name: &str| {
-        exports.get(name).map(|&offset| uprobes::entry_point(path, offset, exports.size_at(offset)))
+        exports.get(name).map(|&offset| uprobes::entry_point(path, offset, exports.size_at(offset), true))
     };
     for (name, kind) in ALLOCATING {
         let Some(entry) = entry(name) else { continue };

@@ -58,11 +58,12 @@ pub extern "C" fn sysprof_probe_calibration_stepped(x: u64) -> u64 {
 }
 
 /// Timed under the allocator programs (`--malloc`), probed as an allocating function is (entry
-/// and return), one per first instruction: `HeapShape` picks the one like the allocator's own.
-/// glibc's malloc, calloc and realloc begin with a push, which the kernel emulates; its free
-/// begins with a test, which it steps out of line. One calibration, stepped, for both stated
-/// 7.2-10.4 us a call where a malloc and free pair lost 9.5-11.7 us in all (a 2-CPU VM): 1.5 to
-/// 1.8 times what the probes cost.
+/// and return), one per kind of probed instruction: `HeapShape` picks the one like the
+/// allocator's own. glibc's malloc, calloc and realloc begin with a push, which the kernel
+/// emulates; its free with a test, which it would step out of line, and is probed at the jump
+/// after it, which it emulates (`uprobes::entry_point`). One calibration for both, stepped,
+/// stated 7.2-10.4 us a call where a malloc and free pair lost 9.5-11.7 us in all (a 2-CPU VM):
+/// 1.5 to 1.8 times what the probes cost.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(no_mangle)]
 #[unsafe(naked)]
@@ -78,12 +79,14 @@ pub extern "C" fn sysprof_heap_probe_calibration_stepped(x: u64) -> u64 {
     core::arch::naked_asm!("lea rax, [rdi + 2]", "ret")
 }
 
-/// Timed under the free program (its entry only), one per first instruction, as above.
+/// Timed under the free program (its entry only), one per kind of probed instruction, as
+/// above: this one begins as glibc's free does, and is probed as it is, at the jump after the
+/// test (`uprobes::entry_point`).
 #[cfg(target_arch = "x86_64")]
 #[unsafe(no_mangle)]
 #[unsafe(naked)]
 pub extern "C" fn sysprof_free_probe_calibration(x: u64) -> u64 {
-    core::arch::naked_asm!("push rbx", "lea rax, [rdi + 3]", "pop rbx", "ret")
+    core::arch::naked_asm!("test rdi, rdi", "je 2f", "2:", "lea rax, [rdi + 3]", "ret")
 }
 
 /// `sysprof_free_probe_calibration`, beginning with an instruction the kernel steps out of line.
@@ -114,7 +117,8 @@ pub extern "C" fn sysprof_free_probe_calibration(x: u64) -> u64 {
 pub struct HeapShape {
     /// Probed at its entry only (free), not at its entry and return (the allocating ones).
     pub entry_only: bool,
-    /// Its first instruction is stepped out of line (on x86-64; elsewhere not told apart).
+    /// It is probed at an instruction the kernel steps out of line (on x86-64; elsewhere not
+    /// told apart).
     pub stepped: bool,
 }
 
@@ -206,7 +210,14 @@ pub fn measure_heap_probe_cost(
     attach: impl FnOnce(&mut Probes, &Path, &'static str, u64) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
     let (symbol, function) = shape.function();
-    measure(probes, symbol, function, |probes, exe, _, offset| attach(probes, exe, symbol, offset))
+    measure(probes, symbol, function, |probes, exe, exports, offset| {
+        // Probed where the allocator's function would be (past free's test).
+        let placed = super::entry_point(exe, offset, exports.size_at(offset), true);
+        if !shape.stepped && placed.emulated == Some(false) {
+            anyhow::bail!("{symbol} is probed at an instruction the kernel steps out of line");
+        }
+        attach(probes, exe, symbol, placed.offset)
+    })
 }
 
 /// Times `function` bare and then probed (with sysprof briefly its own target). `attach` gets

@@ -61,7 +61,7 @@ impl CallProbes {
         let points: Vec<(u64, u64)> = functions
             .iter()
             .filter_map(|&(name, function_id, flags)| {
-                let entry = |offset: u64| entry_point(path, offset, exports.size_at(offset));
+                let entry = |offset: u64| entry_point(path, offset, exports.size_at(offset), false);
                 exports.get(name).map(|&offset| (entry(offset).offset, u64::from(function_id) | flags))
             })
             .collect();
@@ -89,7 +89,7 @@ impl CallProbes {
             .exports(path)?
             .get(symbol)
             .with_context(|| format!("{} has no function {symbol}", path.display()))?;
-        let entry = entry_point(path, offset, self.exports(path)?.size_at(offset));
+        let entry = entry_point(path, offset, self.exports(path)?.size_at(offset), false);
         let links = probes.attach_calls(path, &[(entry.offset, u64::from(id) | call::ERROR_IF_NEGATIVE)])?;
         let past = entry.past.map_or(String::new(), |past| format!(" ({})", past.describe()));
         probes.note_call_probes(&format!("function {symbol} in {}{past}", path.display()), links);
@@ -113,6 +113,7 @@ pub struct EntryPoint {
 
 /// The first instructions an entry probe goes past, to one the kernel emulates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub enum Past {
     /// A CET build's `endbr64`, to the push after it.
     Endbr64,
@@ -132,6 +133,7 @@ impl Past {
 }
 
 /// The most of a function read to place its probe (its branches are checked, `x86::place`).
+#[cfg(target_arch = "x86_64")]
 const MAX_FUNCTION_BYTES: u64 = 64 << 10;
 
 /// The entry probe's place for the function at `offset` of `path` (`size` bytes long, when its
@@ -142,21 +144,25 @@ const MAX_FUNCTION_BYTES: u64 = 64 << 10;
 /// - a CET build's function (Ubuntu's and Fedora's default, their glibc among them) begins with
 ///   an `endbr64`. When a push follows, the probe goes on the push: the `endbr64` does nothing
 ///   there (it marks where an indirect branch may land, and no branch changes), and a prologue
-///   is no loop's head;
-/// - a function that first tests an argument (glibc's free: `test rdi, rdi; je`). The probe goes
-///   on the conditional jump when nothing else in the function can land on it (`x86::place`).
+///   is no loop's head (nor is it where a branch of the function lands, when all of it is read);
+/// - a function that first tests an argument (glibc's free: `test rdi, rdi; je`). With
+///   `past_test`, the probe goes on the conditional jump when no branch of the function lands
+///   on it or on the test (`x86::place`). Only the function's own branches are checked: code
+///   elsewhere (hand-written assembly sharing labels, a compiler's `.cold` part) could jump in,
+///   so only the allocators' functions, which compilers write, are probed so.
 ///
 /// Either way what the probe reads is as it was at the start: the arguments (neither
 /// instruction writes a register but the flags), the stack pointer, and the return address
 /// there, which a return probe replaces; and every call passes the probed instruction once.
-pub fn entry_point(path: &Path, offset: u64, size: Option<u64>) -> EntryPoint {
+pub fn entry_point(path: &Path, offset: u64, size: Option<u64>, past_test: bool) -> EntryPoint {
     let unknown = EntryPoint { offset, emulated: None, past: None };
     #[cfg(target_arch = "x86_64")]
     {
         use std::os::unix::fs::FileExt as _;
         let Ok(file) = std::fs::File::open(path) else { return unknown };
-        let len = size.filter(|&size| size >= 2).map_or(16, |size| size.min(MAX_FUNCTION_BYTES));
-        let mut code = vec![0u8; len as usize];
+        // The whole function when its size is known and not too large; else its first bytes.
+        let whole = size.filter(|size| (2..=MAX_FUNCTION_BYTES).contains(size));
+        let mut code = vec![0u8; whole.unwrap_or(16) as usize];
         let mut read = 0;
         while read < code.len() {
             match file.read_at(&mut code[read..], offset + read as u64) {
@@ -168,12 +174,13 @@ pub fn entry_point(path: &Path, offset: u64, size: Option<u64>) -> EntryPoint {
         if code.len() < 2 {
             return unknown;
         }
-        let placed = x86::place(&code, size.is_some() && code.len() as u64 == len);
+        let whole = whole.is_some_and(|size| code.len() as u64 == size);
+        let placed = x86::place(&code, whole, past_test);
         EntryPoint { offset: offset + placed.skip, emulated: Some(placed.emulated), past: placed.past }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (path, size);
+        let _ = (path, size, past_test);
         unknown
     }
 }
@@ -182,7 +189,7 @@ pub fn entry_point(path: &Path, offset: u64, size: Option<u64>) -> EntryPoint {
 mod x86 {
     use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind};
 
-    use super::{Past, emulated_on_x86_64};
+    use super::{Past, emulated_on_x86_64, is_push_x86_64};
 
     pub struct Placed {
         /// Bytes from the function's start to the probed instruction.
@@ -192,8 +199,9 @@ mod x86 {
     }
 
     /// Where to probe the function whose code is `code`, all of it when `whole` (else its
-    /// first bytes: then only an `endbr64` and a push are gone past, which need no check).
-    pub fn place(code: &[u8], whole: bool) -> Placed {
+    /// first bytes: then only an `endbr64` and a push are gone past, the push being a
+    /// prologue's); past a test only with `past_test` (see `entry_point`).
+    pub fn place(code: &[u8], whole: bool, past_test: bool) -> Placed {
         let at = |ip: usize| -> Option<Instruction> {
             let instruction = Decoder::with_ip(64, code.get(ip..)?, ip as u64, DecoderOptions::NONE).decode();
             (!instruction.is_invalid()).then_some(instruction)
@@ -205,7 +213,11 @@ mod x86 {
             _ => (false, 0),
         };
         let Some(second) = at(next) else { return start };
-        if endbr64 && second.mnemonic() == Mnemonic::Push && second.op0_kind() == OpKind::Register {
+        // Moving to `to` is sound when no branch of the function lands after its start and up
+        // to `to`: such a branch would pass the probe again, in the same call.
+        let unlanded = |to: usize| !whole || !landed_in(code, 1..=to as u64);
+        let pushes = code.get(next..next + 2).is_some_and(|bytes| is_push_x86_64([bytes[0], bytes[1]]));
+        if endbr64 && pushes && unlanded(next) {
             return Placed { skip: next as u64, emulated: true, past: Some(Past::Endbr64) };
         }
         let flags_only = matches!(second.mnemonic(), Mnemonic::Test | Mnemonic::Cmp)
@@ -223,7 +235,7 @@ mod x86 {
         let jump = next + second.len();
         match at(jump) {
             Some(third)
-                if flags_only && third.is_jcc_short_or_near() && whole && !landed_on(code, jump as u64) =>
+                if past_test && whole && flags_only && third.is_jcc_short_or_near() && unlanded(jump) =>
             {
                 Placed { skip: jump as u64, emulated: true, past: Some(Past::Test) }
             }
@@ -231,10 +243,10 @@ mod x86 {
         }
     }
 
-    /// Whether a branch of the function (`code`, the whole of it) may land at `ip`: a direct
+    /// Whether a branch of the function (`code`, the whole of it) may land in `range`: a direct
     /// one there, any indirect jump (a jump table's targets are not known here), or code that
     /// does not decode (data, or a misread: nothing is sure then).
-    fn landed_on(code: &[u8], ip: u64) -> bool {
+    fn landed_in(code: &[u8], range: std::ops::RangeInclusive<u64>) -> bool {
         let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
         let mut instruction = Instruction::default();
         while decoder.can_decode() {
@@ -247,7 +259,9 @@ mod x86 {
                 instruction.op0_kind(),
                 OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
             );
-            if (direct && instruction.near_branch_target() == ip) || instruction.is_jmp_near_indirect() {
+            if (direct && range.contains(&instruction.near_branch_target()))
+                || instruction.is_jmp_near_indirect()
+            {
                 return true;
             }
         }
@@ -292,7 +306,7 @@ mod tests {
         let place = |name: &str, code: &[u8], size: Option<u64>| {
             let path = dir.path().join(name);
             std::fs::write(&path, code).unwrap();
-            let entry = entry_point(&path, 0, size);
+            let entry = entry_point(&path, 0, size, true);
             (entry.offset, entry.emulated, entry.past)
         };
         let whole = |name: &str, code: &[u8]| place(name, code, Some(code.len() as u64));
@@ -324,6 +338,17 @@ mod tests {
             // endbr64; test rdi, rdi; je 0xa; ret; xor eax, eax; ret (a CET build's free).
             let cet_test = [0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x85, 0xff, 0x74, 0x01, 0xc3, 0x31, 0xc0, 0xc3];
             assert_eq!(whole("cet_test", &cet_test), (7, Some(true), Some(Past::Test)));
+            // ... but not when a jump comes back to its test (a tail call made a loop: jmp 4 in
+            // place of xor eax, eax; ret), which would pass the probe again.
+            let cet_loop = [&cet_test[..10], &[0xeb, 0xf8]].concat();
+            assert_eq!(whole("cet_loop", &cet_loop), (0, Some(false), None));
+            // Nor the push when the function jumps back to it (jmp 4 after pop rbp).
+            let push_loop = [&cet[..9], &[0xeb, 0xf9]].concat();
+            assert_eq!(whole("push_loop", &push_loop), (0, Some(false), None));
+            // Only the allocators' functions are probed past a test (`entry_point`).
+            let path = dir.path().join("test");
+            let entry = entry_point(&path, 0, Some(test_first.len() as u64), false);
+            assert_eq!((entry.offset, entry.past), (0, None));
         }
         // A function past the file's end: placed where asked, its kind unknown.
         assert_eq!(place("short", &[0x90], None), (0, None, None));
