@@ -160,21 +160,30 @@ pub fn entry_point(path: &Path, offset: u64, size: Option<u64>, past_test: bool)
     {
         use std::os::unix::fs::FileExt as _;
         let Ok(file) = std::fs::File::open(path) else { return unknown };
-        // The whole function when its size is known and not too large; else its first bytes.
-        let whole = size.filter(|size| (2..=MAX_FUNCTION_BYTES).contains(size));
-        let mut code = vec![0u8; whole.unwrap_or(16) as usize];
-        let mut read = 0;
-        while read < code.len() {
-            match file.read_at(&mut code[read..], offset + read as u64) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => read += n,
+        let read = |len: u64| {
+            let mut code = vec![0u8; len as usize];
+            let mut read = 0;
+            while read < code.len() {
+                match file.read_at(&mut code[read..], offset + read as u64) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => read += n,
+                }
             }
-        }
-        code.truncate(read);
+            code.truncate(read);
+            code
+        };
+        let code = read(16);
         if code.len() < 2 {
             return unknown;
         }
-        let whole = whole.is_some_and(|size| code.len() as u64 == size);
+        // The whole function (when its size is known and not too large) only where the probe
+        // may move: a library's hundred functions are not each read whole at attach.
+        let may_move = code.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) || past_test;
+        let size = size.filter(|size| may_move && (2..=MAX_FUNCTION_BYTES).contains(size));
+        let (code, whole) = match size.map(read) {
+            Some(function) if function.len() as u64 == size.unwrap_or(0) => (function, true),
+            _ => (code, false),
+        };
         let placed = x86::place(&code, whole, past_test);
         EntryPoint { offset: offset + placed.skip, emulated: Some(placed.emulated), past: placed.past }
     }
