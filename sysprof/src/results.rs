@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::recording::ProbeShare;
 use crate::{
     analysis::{self, Analyzed},
     collect::{EndReason, UprobeTracers},
@@ -15,7 +14,7 @@ use crate::{
     probes::Probes,
     procs::ProcessTable,
     readout::MapReader,
-    recording::{self, Recording, ReportProps, RunFacts},
+    recording::{self, ProbeShare, Recording, ReportProps, RunFacts},
     report::{self, Report, format::thousands},
     symbolize::{Symbolizer, Symbols},
     terminal::{say, stderr_line},
@@ -235,23 +234,22 @@ fn calibrate_probes(
         }
         limitations.push(line);
     };
-    let call_cost = match calls.then(|| crate::uprobes::calibrate::measure_probe_cost(probes)) {
-        Some(Ok(ns)) => Some(ns),
-        Some(Err(error)) => {
+    let call_cost = calls
+        .then(|| crate::uprobes::calibrate::measure_probe_cost(probes))
+        .transpose()
+        .unwrap_or_else(|error| {
             failed("a probe hit", error);
             None
-        }
-        None => None,
-    };
-    let mut share = |id: u32, what: &str| match call_cost
-        .map(|_| crate::uprobes::calibrate::timed_share_ns(probes, id))
-    {
-        Some(Ok(ns)) => ns,
-        Some(Err(error)) => {
-            failed(what, error);
-            None
-        }
-        None => None,
+        });
+    let mut share = |id: u32, what: &str| {
+        call_cost
+            .map(|_| crate::uprobes::calibrate::timed_share_ns(probes, id))
+            .transpose()
+            .unwrap_or_else(|error| {
+                failed(what, error);
+                None
+            })
+            .flatten()
     };
     let in_call = ProbeShare {
         emulated_ns: share(
@@ -263,14 +261,13 @@ fn calibrate_probes(
             "the probes' share of a timed call (first instruction stepped)",
         ),
     };
-    let heap_cost = match heap.then(|| crate::memory::heap::measure_probe_cost(probes, allocators)) {
-        Some(Ok(cost)) => Some(cost),
-        Some(Err(error)) => {
+    let heap_cost = heap
+        .then(|| crate::memory::heap::measure_probe_cost(probes, allocators))
+        .transpose()
+        .unwrap_or_else(|error| {
             failed("an allocator probe hit", error);
             None
-        }
-        None => None,
-    };
+        });
     (call_cost, in_call, heap_cost)
 }
 

@@ -240,7 +240,7 @@ fn attach_allocator(
     path: &Path,
     pid: Option<u32>,
 ) -> anyhow::Result<(Vec<String>, u32, EntriesStepped)> {
-    let exports = known.exports(path)?.clone();
+    let exports = known.exports(path)?;
     let mut functions = Vec::new();
     // Aliases (memalign and aligned_alloc in some glibc versions) share an address: one probe.
     let mut offsets: HashMap<u64, &str> = HashMap::new();
@@ -250,21 +250,24 @@ fn attach_allocator(
     let entry = |name: &str| {
         exports.get(name).map(|&offset| uprobes::entry_point(path, offset, exports.size_at(offset), true))
     };
+    let stepped = |entry: uprobes::EntryPoint| entry.emulated.map(|emulated| !emulated);
+    let mut entry_stepped = EntriesStepped::default();
     for (name, kind) in ALLOCATING {
         let Some(entry) = entry(name) else { continue };
         if offsets.insert(entry.offset, name).is_some() {
             continue;
         }
+        if name == "malloc" {
+            entry_stepped.malloc = stepped(entry);
+        }
         points.push((entry.offset, kind));
         functions.push(name.to_string());
     }
-    let stepped = |name: &str| Some(!entry(name)?.emulated?);
-    let mut entry_stepped = EntriesStepped { malloc: stepped("malloc"), free: None };
     let links = probes.attach_functions(&ALLOC_PROGRAMS, path, &points, pid)?;
     if let Some(free) = entry(FREEING) {
         probes.attach_functions(&[FREE_PROGRAM], path, &[(free.offset, 0)], pid)?;
         functions.push(FREEING.to_string());
-        entry_stepped.free = stepped(FREEING);
+        entry_stepped.free = stepped(free);
     }
     Ok((functions, links, entry_stepped))
 }
@@ -302,10 +305,10 @@ pub fn measure_probe_cost(
             Ok(())
         })?;
     let frees = allocators.iter().any(|allocator| allocator.functions.iter().any(|f| f == FREEING));
-    let free_ns = match frees {
-        true => {
-            let free = calibrate::HeapShape { entry_only: true, stepped: stepped(|e| e.free) };
-            Some(calibrate::measure_heap_probe_cost(probes, free, |probes, exe, symbol, offset| {
+    let free = calibrate::HeapShape { entry_only: true, stepped: stepped(|e| e.free) };
+    let free_ns = frees
+        .then(|| {
+            calibrate::measure_heap_probe_cost(probes, free, |probes, exe, symbol, offset| {
                 let links = probes.attach_functions(&[FREE_PROGRAM], exe, &[(offset, 0)], None)?;
                 probes.note_uprobes(
                     &[(probes.uprobe_program(FREE_PROGRAM, None), "uprobe")],
@@ -313,10 +316,9 @@ pub fn measure_probe_cost(
                     links,
                 );
                 Ok(())
-            })?)
-        }
-        false => None,
-    };
+            })
+        })
+        .transpose()?;
     Ok(HeapProbeCost { allocation_ns, free_ns })
 }
 

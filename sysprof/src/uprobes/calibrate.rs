@@ -220,6 +220,17 @@ pub fn measure_heap_probe_cost(
     })
 }
 
+/// sysprof's own exported functions, read from its binary once for the calibrations of a run
+/// (up to three: the calls', an allocation's, a free's).
+fn own_exports(exe: &Path) -> anyhow::Result<&'static elf::Exports> {
+    static EXPORTS: std::sync::OnceLock<elf::Exports> = std::sync::OnceLock::new();
+    if let Some(exports) = EXPORTS.get() {
+        return Ok(exports);
+    }
+    let exports = elf::exported_functions(exe)?;
+    Ok(EXPORTS.get_or_init(|| exports))
+}
+
 /// Times `function` bare and then probed (with sysprof briefly its own target). `attach` gets
 /// sysprof's binary, its exported functions (read once, before sysprof is its own target) and
 /// `symbol`'s offset.
@@ -230,14 +241,14 @@ fn measure(
     attach: impl FnOnce(&mut Probes, &Path, &elf::Exports, u64) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
     let exe = std::env::current_exe().context("locating sysprof's own binary")?;
-    let exports = elf::exported_functions(&exe)?;
+    let exports = own_exports(&exe)?;
     let offset = *exports
         .get(symbol)
         .with_context(|| format!("sysprof's binary lost its calibration symbol {symbol} (stripped?)"))?;
     let bare = (0..3).map(|_| time_calls(function)).fold(f64::MAX, f64::min);
     let me = std::process::id();
     probes.add_target_process(me)?;
-    let probed = attach(probes, &exe, &exports, offset)
+    let probed = attach(probes, &exe, exports, offset)
         .map(|()| (0..3).map(|_| time_calls(function)).fold(f64::MAX, f64::min));
     probes.remove_target_process(me)?;
     Ok(((probed? - bare) / f64::from(CALLS)).max(0.0))

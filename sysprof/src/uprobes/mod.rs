@@ -57,7 +57,7 @@ impl CallProbes {
         label: &str,
     ) -> anyhow::Result<usize> {
         let id = file_id(path).with_context(|| format!("no file at {}", path.display()))?;
-        let exports = self.exports(path)?.clone();
+        let exports = self.exports(path)?;
         let points: Vec<(u64, u64)> = functions
             .iter()
             .filter_map(|&(name, function_id, flags)| {
@@ -85,11 +85,10 @@ impl CallProbes {
         symbol: &str,
         id: u32,
     ) -> anyhow::Result<Option<bool>> {
-        let offset = *self
-            .exports(path)?
-            .get(symbol)
-            .with_context(|| format!("{} has no function {symbol}", path.display()))?;
-        let entry = entry_point(path, offset, self.exports(path)?.size_at(offset), false);
+        let exports = self.exports(path)?;
+        let offset =
+            *exports.get(symbol).with_context(|| format!("{} has no function {symbol}", path.display()))?;
+        let entry = entry_point(path, offset, exports.size_at(offset), false);
         let links = probes.attach_calls(path, &[(entry.offset, u64::from(id) | call::ERROR_IF_NEGATIVE)])?;
         let past = entry.past.map_or(String::new(), |past| format!(" ({})", past.describe()));
         probes.note_call_probes(&format!("function {symbol} in {}{past}", path.display()), links);
