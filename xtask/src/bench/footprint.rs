@@ -7,11 +7,11 @@
 //! whose symbols and unwind tables sysprof reads) and a process of threads that wake every
 //! 10 ms run under both tools.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 
-use super::{Row, Runner, build_workload, median, python_interpreter, tool_works};
+use super::{Background, Row, Runner, build_workload, median, python_interpreter, tool_works};
 
 /// What the kernel accounted to a finished process.
 #[derive(Clone, Copy, Default)]
@@ -126,39 +126,23 @@ impl Runner<'_> {
 }
 
 /// The machine's work while the tools trace it, ended when dropped.
-struct Load(Vec<Child>);
+struct Load {
+    _children: Vec<Background>,
+}
 
 impl Load {
     fn start(runner: &Runner<'_>, seconds: u32) -> anyhow::Result<Load> {
         let sysload = build_workload(runner.root, runner.out, "sysload")?;
-        let mut children = vec![
-            Command::new(sysload)
-                .args(["tickers", "8", &seconds.to_string()])
-                .stdout(Stdio::null())
-                .spawn()?,
-        ];
+        let mut children =
+            vec![Background::spawn(Command::new(sysload).args(["tickers", "8", &seconds.to_string()]))?];
         if let Some(python) = python_interpreter() {
             let script = runner.root.join("tests/workloads/python_app.py");
             let timing = runner.out.join("footprint-phases.json");
-            children.push(
-                Command::new(python)
-                    .arg(script)
-                    .args(["phases", &seconds.to_string()])
-                    .arg(timing)
-                    .stdout(Stdio::null())
-                    .spawn()?,
-            );
+            children.push(Background::spawn(
+                Command::new(python).arg(script).args(["phases", &seconds.to_string()]).arg(timing),
+            )?);
         }
-        Ok(Load(children))
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        Ok(Load { _children: children })
     }
 }
 

@@ -226,6 +226,27 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A process the bench runs beside its workloads (a target that sleeps, the machine's load),
+/// ended when dropped: on an error or a panic too, so that none outlives the bench.
+pub(super) struct Background(std::process::Child);
+
+impl Background {
+    pub(super) fn spawn(command: &mut Command) -> anyhow::Result<Self> {
+        Ok(Background(command.stdout(Stdio::null()).spawn()?))
+    }
+
+    pub(super) fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `kernel.bpf_stats_enabled` set while held, then back to what it was.
 pub(super) struct BpfStats(String);
 
@@ -664,10 +685,9 @@ impl Runner<'_> {
 
         // Start to attached for a running Python process, its tables cached by a first run.
         if tool_works("python3", &["--version"]) {
-            let mut python = Command::new("python3")
-                .args(["-c", "import json, re, time; time.sleep(120)"])
-                .stdout(Stdio::null())
-                .spawn()?;
+            let python = Background::spawn(
+                Command::new("python3").args(["-c", "import json, re, time; time.sleep(120)"]),
+            )?;
             let pid = python.id().to_string();
             let starts = |options: &[&str]| -> anyhow::Result<f64> {
                 let mut seconds = Vec::new();
@@ -677,8 +697,7 @@ impl Runner<'_> {
                 Ok(median(&mut seconds))
             };
             let (tables, fp) = (starts(&[])?, starts(&["--unwind-memory", "0"]));
-            let _ = python.kill();
-            let _ = python.wait();
+            drop(python);
             println!(
                 "start to attached, --pid of a running python3: {:.3} s with its tables cached, {:.3} s by frame \
                  pointers only",
@@ -733,14 +752,13 @@ impl Runner<'_> {
             let perf = medians.get(1).copied().map(|m| ("perf record -g", of(m)));
             self.seconds_row(row, of(medians[0]), perf, goal);
         }
-        let mut sleeper = Command::new(&sysload).args(["stamps", "120000"]).stdout(Stdio::null()).spawn()?;
+        let sleeper = Background::spawn(Command::new(&sysload).args(["stamps", "120000"]))?;
         let pid = sleeper.id().to_string();
         let mut attached = Vec::new();
         for _ in 0..self.runs.max(3) {
             attached.push(time_to_tracing(self.sysprof, &pid, &[], self.out)?);
         }
-        let _ = sleeper.kill();
-        let _ = sleeper.wait();
+        drop(sleeper);
         let attached = median(&mut attached);
         println!("sysprof --pid of a running process, start to attached: {attached:.3} s");
         self.seconds_row("start: --pid to attached", attached, None, 0.25);
