@@ -317,7 +317,8 @@ pub fn analyze(
         })
         .collect();
     rows.sort_by(|a, b| b.cpu_time_s.total_cmp(&a.cpu_time_s).then(a.pid.cmp(&b.pid)));
-    let utilization = rows.iter().map(|r| r.cpu_time_s).sum::<f64>() / wall_s;
+    // From 0.0: a float sum of nothing is -0.0, which a target that never ran read as "-0.00".
+    let utilization = rows.iter().map(|r| r.cpu_time_s).fold(0.0, |sum, s| sum + s) / wall_s;
     SchedReport { processes: rows, utilization, top_offcpu: top_offcpu(offcpu), ..SchedReport::default() }
 }
 

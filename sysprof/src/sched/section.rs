@@ -79,7 +79,8 @@ impl Section for SchedReport {
                 .map(|r| r.seconds)
                 .sum()
         };
-        Some(self.processes.iter().map(|p| p.cpu_time_s + held_up(p)).sum())
+        // From 0.0, as `analyze`'s utilization: an empty float sum is -0.0.
+        Some(self.processes.iter().map(|p| p.cpu_time_s + held_up(p)).fold(0.0, |sum, s| sum + s))
     }
 }
 
@@ -344,6 +345,25 @@ mod tests {
             top_threads: vec![],
         };
         SchedReport { processes: vec![process], ..SchedReport::default() }
+    }
+
+    /// A `--pid` of a process that slept through the trace: nothing ran, and the report says
+    /// 0.00, not the -0.00 that a float sum of nothing gives.
+    #[test]
+    fn a_target_that_never_ran_was_busy_zero_seconds_not_minus_zero() {
+        let report = crate::sched::analyze(
+            &Default::default(),
+            &Default::default(),
+            &Default::default(),
+            std::time::Duration::from_secs(3),
+            0,
+        );
+        assert!(report.utilization == 0.0 && report.utilization.is_sign_positive());
+        let busy = report.busy_s().expect("the scheduler's section states busy time");
+        assert!(busy == 0.0 && busy.is_sign_positive());
+        let mut out = String::new();
+        markdown(&mut out, &report);
+        assert!(out.contains("over the trace: 0.00."), "{out}");
     }
 
     #[test]
