@@ -195,29 +195,31 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
     }
     let runner = Runner { root, sysprof, out: &out, runs: args.runs, rows: Default::default() };
     type Section<'s> = &'s dyn Fn(&Runner<'_>) -> anyhow::Result<()>;
-    let sections: [(Bench, &str, Section); 13] = [
-        (Bench::Cpu, "cpu", &|r| r.cpu()),
-        (Bench::Syscalls, "syscalls", &|r| r.syscalls()),
-        (Bench::Sched, "sched", &|r| r.sched()),
-        (Bench::Uprobe, "uprobe", &|r| r.uprobe()),
-        (Bench::Malloc, "malloc", &|r| r.malloc()),
-        (Bench::GpuCalls, "gpu-calls", &|r| r.gpu_calls()),
-        (Bench::Faults, "faults", &|r| r.faults()),
-        (Bench::Unwind, "unwind", &|r| r.unwind()),
-        (Bench::Start, "start", &|r| r.start_end()),
-        (Bench::Python, "python", &|r| r.python()),
-        (Bench::Others, "others", &|r| r.others()),
-        (Bench::Footprint, "footprint", &|r| r.footprint()),
-        (Bench::Realistic, "realistic", &|r| r.realistic()),
+    let sections: [(Bench, Section); 13] = [
+        (Bench::Cpu, &|r| r.cpu()),
+        (Bench::Syscalls, &|r| r.syscalls()),
+        (Bench::Sched, &|r| r.sched()),
+        (Bench::Uprobe, &|r| r.uprobe()),
+        (Bench::Malloc, &|r| r.malloc()),
+        (Bench::GpuCalls, &|r| r.gpu_calls()),
+        (Bench::Faults, &|r| r.faults()),
+        (Bench::Unwind, &|r| r.unwind()),
+        (Bench::Start, &|r| r.start_end()),
+        (Bench::Python, &|r| r.python()),
+        (Bench::Others, &|r| r.others()),
+        (Bench::Footprint, &|r| r.footprint()),
+        (Bench::Realistic, &|r| r.realistic()),
     ];
     // What each part took: the whole bench's time is one of the figures.
     let started = Instant::now();
     let mut took = Vec::new();
-    for (bench, name, section) in sections {
+    for (bench, section) in sections {
         if args.bench == Bench::All || args.bench == bench {
             let start = Instant::now();
             section(&runner)?;
-            took.push(format!("{name} {:.0} s", start.elapsed().as_secs_f64()));
+            // The part's name as the command line spells it.
+            let name = clap::ValueEnum::to_possible_value(&bench).map(|value| value.get_name().to_string());
+            took.push(format!("{} {:.0} s", name.unwrap_or_default(), start.elapsed().as_secs_f64()));
         }
     }
     print_summary(&runner.rows.borrow());
