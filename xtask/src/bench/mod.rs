@@ -194,21 +194,22 @@ pub fn run(root: &Path, sysprof: &Path, args: &BenchArgs) -> anyhow::Result<()> 
         eprintln!("bench: kernel.bpf_stats_enabled was 1: off while the bench runs, then back on");
     }
     let runner = Runner { root, sysprof, out: &out, runs: args.runs, rows: Default::default() };
-    type Section<'s> = &'s dyn Fn(&Runner<'_>) -> anyhow::Result<()>;
-    let sections: [(Bench, Section); 13] = [
-        (Bench::Cpu, &|r| r.cpu()),
-        (Bench::Syscalls, &|r| r.syscalls()),
-        (Bench::Sched, &|r| r.sched()),
-        (Bench::Uprobe, &|r| r.uprobe()),
-        (Bench::Malloc, &|r| r.malloc()),
-        (Bench::GpuCalls, &|r| r.gpu_calls()),
-        (Bench::Faults, &|r| r.faults()),
-        (Bench::Unwind, &|r| r.unwind()),
-        (Bench::Start, &|r| r.start_end()),
-        (Bench::Python, &|r| r.python()),
-        (Bench::Others, &|r| r.others()),
-        (Bench::Footprint, &|r| r.footprint()),
-        (Bench::Realistic, &|r| r.realistic()),
+    // A part runs on this runner (its lifetime, which `Part<'_>` infers).
+    type Part<'r> = fn(&Runner<'r>) -> anyhow::Result<()>;
+    let sections: [(Bench, Part<'_>); 13] = [
+        (Bench::Cpu, Runner::cpu),
+        (Bench::Syscalls, Runner::syscalls),
+        (Bench::Sched, Runner::sched),
+        (Bench::Uprobe, Runner::uprobe),
+        (Bench::Malloc, Runner::malloc),
+        (Bench::GpuCalls, Runner::gpu_calls),
+        (Bench::Faults, Runner::faults),
+        (Bench::Unwind, Runner::unwind),
+        (Bench::Start, Runner::start_end),
+        (Bench::Python, Runner::python),
+        (Bench::Others, Runner::others),
+        (Bench::Footprint, Runner::footprint),
+        (Bench::Realistic, Runner::realistic),
     ];
     // What each part took: the whole bench's time is one of the figures.
     let started = Instant::now();
