@@ -34,6 +34,7 @@ pub(crate) mod families;
 pub(crate) mod family;
 pub(crate) mod funcs;
 pub mod gpu;
+pub mod input;
 pub(crate) mod ksyms;
 pub mod latency;
 pub(crate) mod launch;
