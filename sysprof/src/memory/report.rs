@@ -285,10 +285,15 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
         overview.extend(device_rows(gpu, gpu_metrics, &copied_ranges));
     }
     let heap = heap.map(|(allocators, sites, cost)| {
-        let (allocations, frees) =
-            dump.heaps.iter().filter(|(pid, _)| *pid != me).fold((0, 0), |(allocations, frees), (_, a)| {
-                (allocations + a.allocs, frees + a.frees + a.untracked_frees)
-            });
+        let (allocations, frees) = dump.heaps.iter().filter(|(pid, _)| *pid != me).fold(
+            (0u64, 0u64),
+            |(allocations, frees), (_, a)| {
+                (
+                    allocations.saturating_add(a.allocs),
+                    frees.saturating_add(a.frees).saturating_add(a.untracked_frees),
+                )
+            },
+        );
         let agreed = |of: fn(&EntriesStepped) -> Option<bool>| {
             let mut kinds = allocators.iter().map(|a| of(&a.entry_stepped));
             let first = kinds.next().flatten();
@@ -302,7 +307,7 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
                 allocations,
                 ns_per_free,
                 frees,
-                hits: allocations + frees,
+                hits: allocations.saturating_add(frees),
                 added_s: (cost.allocation_ns * allocations as f64 + ns_per_free * frees as f64) / 1e9,
                 malloc_stepped: agreed(|e| e.malloc),
                 free_stepped: agreed(|e| e.free),
