@@ -254,11 +254,13 @@ impl Recording {
             ));
         }
         // CLOCK_MONOTONIC at the end counts from boot: the run fits in it.
-        if run.end_ns > MAX_MONOTONIC_NS || elapsed_ns > run.end_ns {
+        if run.end_ns > MAX_MONOTONIC_NS {
+            return Err(format!("run.end_ns is {}, past 146 years of the monotonic clock", run.end_ns));
+        }
+        if elapsed_ns > run.end_ns {
             return Err(format!(
-                "run.elapsed ({} ns) and run.end_ns ({}) are no run's: it ended {} ns after the boot it \
-                 started after",
-                elapsed_ns, run.end_ns, run.end_ns
+                "run.elapsed ({elapsed_ns} ns) is longer than the machine had been up at its end (run.end_ns {})",
+                run.end_ns
             ));
         }
         let share = |field: &str, value: Option<f64>| match value {
@@ -284,6 +286,14 @@ impl Recording {
             && !(0.0..=MAX_MONOTONIC_NS as f64 / 1e9 * f64::from(MAX_CPUS)).contains(&cpu_s)
         {
             return Err(format!("run.own_usage's CPU seconds are {cpu_s:?}"));
+        }
+        if let Some(timeline) = &self.timeline
+            && timeline.clocks.monotonic_ns > run.end_ns
+        {
+            return Err(format!(
+                "timeline.clocks.monotonic_ns ({}) is after the run's end (run.end_ns {})",
+                timeline.clocks.monotonic_ns, run.end_ns
+            ));
         }
         // Counters count from the attach to the read-out, a little past the run's clock.
         let most = elapsed_ns.saturating_add(COUNTING_SLACK_NS);

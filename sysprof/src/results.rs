@@ -326,6 +326,9 @@ pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Famil
     let (report, written, _) = write_all(&mut out, report, &profiles, files, false)?;
     let removed = out.remove_stale(&written.written);
     print_summary(&out, &written, &removed, &report, report.run.samples);
+    for (name, reason) in &written.failed {
+        stderr_line(format_args!("error: could not write {name} in {}: {reason}", out.path().display()));
+    }
     Ok(if written.failed.is_empty() { 0 } else { 1 })
 }
 

@@ -251,7 +251,7 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
                 swap_max: record.memory.samples().iter().map(|s| s.swap).max().unwrap_or(0),
                 minor_faults: minor,
                 major_faults: major,
-                faults_per_s: (minor + major) as f64 / wall_s,
+                faults_per_s: minor.saturating_add(major) as f64 / wall_s,
                 address_space: dump.address_space.iter().find(|(p, _)| *p == pid).map(|(_, a)| (*a).into()),
                 heap,
                 series: Vec::new(),
@@ -525,7 +525,7 @@ pub fn recommendations(
     for process in &memory.processes {
         let major_per_s = process.major_faults as f64 / wall_s;
         let minor_storm = process.faults_per_s >= FAULT_STORM_PER_S
-            && process.minor_faults + process.major_faults >= STORM_FAULTS;
+            && process.minor_faults.saturating_add(process.major_faults) >= STORM_FAULTS;
         let major_storm = major_per_s >= MAJOR_STORM_PER_S && process.major_faults >= STORM_MAJOR_FAULTS;
         if !minor_storm && !major_storm {
             continue;
