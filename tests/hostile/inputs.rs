@@ -264,13 +264,15 @@ fn fake_of(library: &Path) -> Vec<u8> {
     bytes
 }
 
-/// Of the samples in the library's `lib_inner`, how many have the whole chain from `main`.
+/// Of the samples in the library's `lib_inner`, how many have the whole chain from `main`. At
+/// 99 Hz its 3 s are about 270 samples on an idle CPU; a loaded machine gives it fewer, and
+/// only the share that is whole is the unwinder's.
 fn whole_through_library(program: &Path, library: &Path) -> (u64, u64) {
     let dir = output_dir();
     let out = sysprof()
         .args(["trace", "-q", "-o"])
         .arg(dir.path())
-        .args(["--", program.to_str().unwrap(), "dlopen", library.to_str().unwrap(), "2"])
+        .args(["--", program.to_str().unwrap(), "dlopen", library.to_str().unwrap(), "3"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
@@ -294,7 +296,7 @@ fn a_planted_library_with_the_real_ones_build_id_cannot_cut_its_stacks() {
     let program = workload_without_frame_pointers("unwind", false);
     let library = workload_without_frame_pointers("unwind_lib", true);
     let (whole, inner) = whole_through_library(&program, &library);
-    assert!(inner >= 100 && whole as f64 >= inner as f64 * 0.9, "before: {whole} of {inner} whole");
+    assert!(inner >= 50 && whole as f64 >= inner as f64 * 0.9, "before: {whole} of {inner} whole");
     // As for a library root has not traced since it was installed: its table is not cached
     // yet when the user plants theirs (a cache keyed by build id then kept the fake's).
     let real_entry = tables_json(sysprof(), &library, true)["cache_entry"].as_str().unwrap().to_string();
@@ -315,7 +317,7 @@ fn a_planted_library_with_the_real_ones_build_id_cannot_cut_its_stacks() {
     assert!(!Path::new(&real_entry).exists(), "nothing was kept under the real library's name");
 
     let (whole, inner) = whole_through_library(&program, &library);
-    assert!(inner >= 100 && whole as f64 >= inner as f64 * 0.9, "after planting: {whole} of {inner} whole");
+    assert!(inner >= 50 && whole as f64 >= inner as f64 * 0.9, "after planting: {whole} of {inner} whole");
     let real_table = tables_json(sysprof(), &library, true);
     assert!(real_table["verified"].as_str().unwrap().starts_with("matches"), "{real_table}");
 }
