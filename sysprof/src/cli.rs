@@ -32,7 +32,7 @@ pub enum Command {
     /// Show the GPUs, how each pair is connected, and each link's peak bandwidth (NVML)
     Topo(TopoArgs),
     /// Build the unwind tables of ELF files as a trace would: their rows, size, and the time to
-    /// build them and to read them from the cache
+    /// build them and to read them from the cache; --verify checks the cached ones
     Tables(TablesArgs),
 }
 
@@ -45,6 +45,10 @@ pub struct TablesArgs {
     /// Print the figures as JSON
     #[arg(long)]
     pub json: bool,
+    /// Check each file's cached table against the one built from the file now: say whether it
+    /// matches, and remove it where it does not (exit 1)
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// `sysprof report` options.

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         Command::Merge(args) => sysprof::merge::run(&args.dirs, &args.output),
         Command::Check(args) => sysprof::check::run(args.json, args.nvml_lib.as_deref()),
         Command::Topo(args) => sysprof::gpu::nvml::topo(args.nvml_lib.as_deref(), args.json),
-        Command::Tables(args) => sysprof::unwind::describe_tables(&args.files, args.json),
+        Command::Tables(args) => sysprof::unwind::describe_tables(&args.files, args.json, args.verify),
     };
     match result {
         Ok(code) => ExitCode::from(code),

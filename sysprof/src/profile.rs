@@ -39,7 +39,7 @@ pub struct StackProfile {
 
 impl StackProfile {
     pub fn total(&self) -> u64 {
-        self.stacks.iter().map(|s| s.weight).sum()
+        self.stacks.iter().fold(0, |total, s| total.saturating_add(s.weight))
     }
 }
 
@@ -282,8 +282,8 @@ impl Merged {
             let label = label(sample, resolved.kernel_frames(sample))
                 .map(|label| self.labels.entry(label).or_insert_with_key(|label| marker(label)).clone());
             let frames = resolved.frames_under(label, sample);
-            *self.stacks.entry((sample.tgid, root_label(sample, processes), frames)).or_default() +=
-                sample.weight;
+            let weight = self.stacks.entry((sample.tgid, root_label(sample, processes), frames)).or_default();
+            *weight = weight.saturating_add(sample.weight);
         }
     }
 
@@ -336,9 +336,10 @@ pub fn cpu_profile(
         label_probe_frames(&mut frames);
         let (weight, threads) =
             merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default();
-        *weight += sample.weight;
+        *weight = weight.saturating_add(sample.weight);
         let thread = sample.comm.map(|comm| comm_to_string(&comm)).unwrap_or_default();
-        *threads.entry((sample.tid, thread)).or_default() += sample.weight;
+        let on_thread = threads.entry((sample.tid, thread)).or_default();
+        *on_thread = on_thread.saturating_add(sample.weight);
     }
     let mut stacks: Vec<WeightedStack> = merged
         .into_iter()

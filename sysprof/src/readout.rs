@@ -31,6 +31,21 @@ pub struct MapContents {
     per_cpu: BTreeMap<String, BTreeMap<u32, Vec<Bytes>>>,
 }
 
+impl MapContents {
+    /// The values of the hash map `name`, for the read-out's check.
+    pub(crate) fn hash_values(&self, name: &str) -> impl Iterator<Item = &Bytes> {
+        self.hashes.get(name).into_iter().flatten().map(|(_, value)| value)
+    }
+
+    /// Every per-CPU array's entries: (array, index, each CPU's bytes), for the read-out's
+    /// check (`Recording::check`).
+    pub(crate) fn per_cpu_entries(&self) -> impl Iterator<Item = (&str, u32, &[Bytes])> {
+        self.per_cpu.iter().flat_map(|(name, array)| {
+            array.iter().map(move |(index, values)| (name.as_str(), *index, values.as_slice()))
+        })
+    }
+}
+
 /// Bytes, written as hex.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -229,6 +244,13 @@ fn from_bytes<T: Pod>(bytes: &[u8]) -> anyhow::Result<T> {
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
+/// The sum of counts a read-out claims, held at `u64::MAX` rather than wrapped (or, with
+/// overflow checks, panicking): a replayed read-out's counts are the file's word, and the
+/// kernel's own do not come near it.
+pub(crate) fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0, u64::saturating_add)
+}
+
 /// In-kernel counters, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters([u64; Counter::SLOTS as usize]);
@@ -242,7 +264,10 @@ impl Counters {
     pub(crate) fn read(maps: &mut MapReader<'_>) -> anyhow::Result<Self> {
         let mut counters = Counters::default();
         for (slot, total) in counters.0.iter_mut().enumerate() {
-            *total = maps.per_cpu::<u64>(names::COUNTERS, slot as u32)?.iter().sum();
+            // A replayed read-out's counters are bounded by its check (`Recording::check`); the
+            // sum saturates all the same, as no count can wrap to a small one.
+            *total =
+                maps.per_cpu::<u64>(names::COUNTERS, slot as u32)?.into_iter().fold(0, u64::saturating_add);
         }
         Ok(counters)
     }

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sysprof_common::Counter;
 
 use crate::{
     config::{Families, SampleEvent, Target, TraceConfig},
@@ -229,6 +230,169 @@ impl Recording {
             "a read-out in format {} (this sysprof reads format {FORMAT}): record it again",
             format.format
         );
-        Ok(serde_json::from_slice(bytes)?)
+        let recording: Recording = serde_json::from_slice(bytes)?;
+        recording
+            .check()
+            .map_err(|claim| anyhow::anyhow!("{claim}; the read-out is damaged: record it again"))?;
+        Ok(recording)
+    }
+
+    /// What a read-out claims against what a run can have: the figures every stage divides by
+    /// or multiplies with (CPUs, the sampling frequency, the run's length), shares, costs, and
+    /// the kernel's counters (no CPU counts more than one event a nanosecond). The field and
+    /// why, for the one line that refuses it.
+    fn check(&self) -> Result<(), String> {
+        let run = &self.run;
+        let elapsed_ns = u64::try_from(run.elapsed.as_nanos()).unwrap_or(u64::MAX);
+        if !(1..=MAX_CPUS).contains(&run.cpus) {
+            return Err(format!("run.cpus is {}, where a machine has 1 to {MAX_CPUS}", run.cpus));
+        }
+        if !(1..=MAX_FREQUENCY_HZ).contains(&self.props.frequency_hz) {
+            return Err(format!(
+                "props.frequency_hz is {}, where sysprof samples at 1 to {MAX_FREQUENCY_HZ} Hz",
+                self.props.frequency_hz
+            ));
+        }
+        // CLOCK_MONOTONIC at the end counts from boot: the run fits in it.
+        if run.end_ns > MAX_MONOTONIC_NS {
+            return Err(format!("run.end_ns is {}, past 146 years of the monotonic clock", run.end_ns));
+        }
+        if elapsed_ns > run.end_ns {
+            return Err(format!(
+                "run.elapsed ({elapsed_ns} ns) is longer than the machine had been up at its end (run.end_ns {})",
+                run.end_ns
+            ));
+        }
+        let share = |field: &str, value: Option<f64>| match value {
+            Some(value) if !(0.0..=1.0).contains(&value) => {
+                Err(format!("{field} is {value:?}, where a share is 0 to 1"))
+            }
+            _ => Ok(()),
+        };
+        share("run.machine_busy_share", run.machine_busy_share)?;
+        share("run.stats_coverage", Some(run.stats_coverage))?;
+        let cost = |field: &str, value: Option<f64>| match value {
+            Some(value) if !(0.0..=MAX_CALL_COST_NS).contains(&value) => {
+                Err(format!("{field} is {value:?}, where a probed call costs 0 to {MAX_CALL_COST_NS} ns"))
+            }
+            _ => Ok(()),
+        };
+        cost("run.probe_cost_ns", run.probe_cost_ns)?;
+        cost("run.heap_probe_cost_ns", run.heap_probe_cost_ns)?;
+        cost("run.heap_free_probe_cost_ns", run.heap_free_probe_cost_ns)?;
+        cost("run.probe_share.emulated_ns", run.probe_share.emulated_ns.map(|ns| ns as f64))?;
+        cost("run.probe_share.stepped_ns", run.probe_share.stepped_ns.map(|ns| ns as f64))?;
+        if let Some((cpu_s, _)) = run.own_usage
+            && !(0.0..=MAX_MONOTONIC_NS as f64 / 1e9 * f64::from(MAX_CPUS)).contains(&cpu_s)
+        {
+            return Err(format!("run.own_usage's CPU seconds are {cpu_s:?}"));
+        }
+        if let Some(timeline) = &self.timeline
+            && timeline.clocks.monotonic_ns > run.end_ns
+        {
+            return Err(format!(
+                "timeline.clocks.monotonic_ns ({}) is after the run's end (run.end_ns {})",
+                timeline.clocks.monotonic_ns, run.end_ns
+            ));
+        }
+        // Counters count from the attach to the read-out, a little past the run's clock.
+        let most = elapsed_ns.saturating_add(COUNTING_SLACK_NS);
+        let counters = [sysprof_common::names::COUNTERS, sysprof_common::signals::SIGNALS_LOST];
+        for (name, index, values) in self.maps.per_cpu_entries().filter(|(name, ..)| counters.contains(name))
+        {
+            for (cpu, value) in values.iter().enumerate() {
+                let count: u64 = value.decode().map_err(|error| error.to_string())?;
+                if count > most {
+                    return Err(format!(
+                        "maps.per_cpu.{name}[{index}] counts {} events on CPU {cpu} in a run of {:.1} s: more \
+                         than one a nanosecond",
+                        crate::report::format::thousands(count),
+                        run.elapsed.as_secs_f64()
+                    ));
+                }
+            }
+        }
+        // Each sample is counted, and then kept under its stack where the map has room: the
+        // stacks' counts add up to the count, and the samples taken while the maps were read
+        // (the counters first, with the probes still attached) at most. This bounds every sum
+        // of the CPU profile.
+        let counted: u128 = self
+            .maps
+            .per_cpu_entries()
+            .filter(|(name, index, _)| {
+                *name == sysprof_common::names::COUNTERS && *index == Counter::CpuSamples as u32
+            })
+            .flat_map(|(.., values)| values)
+            .map(|value| value.decode::<u64>().map(u128::from).unwrap_or(0))
+            .sum();
+        let mut kept: u128 = 0;
+        for value in self.maps.hash_values(sysprof_common::names::CPU_SAMPLES) {
+            kept += u128::from(
+                value.decode::<u64>().map_err(|error| format!("maps.hashes.CPU_SAMPLES: {error}"))?,
+            );
+        }
+        let while_read = u128::from(self.props.frequency_hz) * u128::from(run.cpus) * READ_SLACK_S;
+        if kept > counted + while_read {
+            let thousands = crate::report::format::thousands;
+            return Err(format!(
+                "maps.hashes.CPU_SAMPLES holds {} samples, more than the {} maps.per_cpu.COUNTERS counted",
+                u64::try_from(kept).map_or_else(|_| format!("over {}", thousands(u64::MAX)), thousands),
+                thousands(u64::try_from(counted).unwrap_or(u64::MAX))
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The most CPUs a machine has (the kernel's NR_CPUS is at most 8,192).
+const MAX_CPUS: u32 = 1 << 16;
+/// Above what sysprof samples at (perf_event_max_sample_rate's default is 100 kHz).
+const MAX_FREQUENCY_HZ: u64 = 1_000_000;
+/// 146 years of CLOCK_MONOTONIC.
+const MAX_MONOTONIC_NS: u64 = 1 << 62;
+/// A probed call's cost, at most: a second.
+const MAX_CALL_COST_NS: f64 = 1e9;
+/// How long the maps take to read, at most, in seconds: generously.
+const READ_SLACK_S: u128 = 60;
+/// How long the kernel's counters may count past the run's clock (the attach before it, the
+/// read-out after it): a minute, generously.
+const COUNTING_SLACK_NS: u64 = 60_000_000_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn real() -> serde_json::Value {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/cpu-two-threads/readout.json");
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    type Patch = fn(&mut serde_json::Value);
+
+    fn refused(readout: &serde_json::Value) -> String {
+        Recording::from_json(readout.to_string().as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_real_read_out_passes_and_impossible_claims_are_named() {
+        assert!(Recording::from_json(real().to_string().as_bytes()).is_ok());
+        let cases: [(&str, Patch); 7] = [
+            ("run.cpus is 0", |r| r["run"]["cpus"] = 0.into()),
+            ("props.frequency_hz is 0", |r| r["props"]["frequency_hz"] = 0.into()),
+            ("run.elapsed (", |r| r["run"]["end_ns"] = 5.into()),
+            ("run.machine_busy_share is 1.5", |r| r["run"]["machine_busy_share"] = 1.5.into()),
+            ("run.stats_coverage is -0.1", |r| r["run"]["stats_coverage"] = (-0.1).into()),
+            ("run.probe_cost_ns is 1e300", |r| r["run"]["probe_cost_ns"] = 1e300.into()),
+            ("maps.per_cpu.COUNTERS[0] counts", |r| {
+                r["maps"]["per_cpu"]["COUNTERS"]["0"][1] = "0000000000000080".into()
+            }),
+        ];
+        for (field, patch) in cases {
+            let mut readout = real();
+            patch(&mut readout);
+            let error = refused(&readout);
+            assert!(error.starts_with(field), "{field}: {error}");
+            assert!(error.ends_with("; the read-out is damaged: record it again"), "{error}");
+        }
     }
 }

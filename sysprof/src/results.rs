@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context as _;
+
 use crate::{
     analysis::{self, Analyzed},
     collect::{EndReason, UprobeTracers},
@@ -297,20 +299,25 @@ fn push_profiles(
 /// analysis, keeping only the `focus` families when given, into `output` (default DIR), as
 /// the invoking user through sudo. The exit code: 0, or 1 when a file could not be written.
 pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Family]) -> anyhow::Result<u8> {
+    use crate::input::{InputError, Links, read_regular};
     let path = dir.join(recording::FILE_NAME);
     // Through sudo, read as the user: the read-out is theirs, never root's to open for them.
+    // A regular file only, opened without blocking, and bounded.
     let user = crate::privileges::InvokingUser::from_sudo_env();
-    let read = crate::privileges::as_user(user.as_ref(), || std::fs::read(&path)).and_then(|read| read);
+    let read =
+        crate::privileges::as_user(user.as_ref(), || read_regular(&path, Links::Follow, READOUT_LIMIT))
+            .map_err(|error| anyhow::anyhow!("reading {}: {error}", path.display()))?;
     let bytes = match read {
         Ok(bytes) => bytes,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+        Err(InputError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
             "{} has no {}: `sysprof report` renders runs traced with --save-readout; trace again with it",
             dir.display(),
             recording::FILE_NAME
         ),
-        Err(error) => anyhow::bail!("reading {}: {error}", path.display()),
+        Err(error) => return Err(error.into()),
     };
-    let (report, profiles, mut files) = crate::analysis::replay_keeping(&bytes, focus)?;
+    let (report, profiles, mut files) =
+        crate::analysis::replay_keeping(&bytes, focus).with_context(|| path.display().to_string())?;
     let mut out = OutputDir::prepare(output.unwrap_or(dir), user)?;
     // The read-out stays where it is; a copy goes with the files rendered elsewhere.
     if output.is_some_and(|o| o != dir) {
@@ -319,8 +326,15 @@ pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Famil
     let (report, written, _) = write_all(&mut out, report, &profiles, files, false)?;
     let removed = out.remove_stale(&written.written);
     print_summary(&out, &written, &removed, &report, report.run.samples);
+    for (name, reason) in &written.failed {
+        stderr_line(format_args!("error: could not write {name} in {}: {reason}", out.path().display()));
+    }
     Ok(if written.failed.is_empty() { 0 } else { 1 })
 }
+
+/// The most of `readout.json` that `sysprof report` reads: a --all trace of a busy machine
+/// with its processes' maps and every symbol writes tens of megabytes.
+pub const READOUT_LIMIT: u64 = 1 << 30;
 
 /// Writes the report first (on a full disk it is what must survive), then the folded stacks,
 /// the pprof files and `others`, then the flamegraphs. Each profile's files are rendered just

@@ -44,11 +44,13 @@ pub fn hotspots(profile: &StackProfile, limit: usize) -> Vec<Hotspot> {
     let mut total_weight: HashMap<&Frame, u64> = HashMap::new();
     for stack in &profile.stacks {
         if let Some(leaf) = stack.frames.last() {
-            *self_weight.entry(leaf).or_default() += stack.weight;
+            let slot = self_weight.entry(leaf).or_default();
+            *slot = slot.saturating_add(stack.weight);
         }
         let distinct: HashSet<&Frame> = stack.frames.iter().collect();
         for frame in distinct {
-            *total_weight.entry(frame).or_default() += stack.weight;
+            let slot = total_weight.entry(frame).or_default();
+            *slot = slot.saturating_add(stack.weight);
         }
     }
     let share = |weight: u64| if total == 0 { 0.0 } else { weight as f64 / total as f64 };
@@ -80,7 +82,8 @@ pub fn process_shares(profile: &StackProfile) -> Vec<ProcessShare> {
     let total = profile.total();
     let mut by_pid: HashMap<(u32, &str), u64> = HashMap::new();
     for stack in &profile.stacks {
-        *by_pid.entry((stack.pid, &stack.process)).or_default() += stack.weight;
+        let slot = by_pid.entry((stack.pid, &stack.process)).or_default();
+        *slot = slot.saturating_add(stack.weight);
     }
     let mut rows: Vec<ProcessShare> = by_pid
         .into_iter()

@@ -85,7 +85,8 @@ pub fn fault_sites(faults: &StackProfile) -> Vec<FaultSite> {
             .or_else(|| stack.frames.iter().rev().find(|f| !f.is_kernel() && !f.function.starts_with('[')))
             .map(callsites::describe)
             .unwrap_or_else(|| "[no user stack]".into());
-        *sites.entry((stack.pid, stack.process.clone(), site)).or_default() += stack.weight;
+        let slot = sites.entry((stack.pid, stack.process.clone(), site)).or_default();
+        *slot = slot.saturating_add(stack.weight);
     }
     let mut rows: Vec<FaultSite> = sites
         .into_iter()
@@ -143,13 +144,15 @@ pub fn heap_profile(
     };
     let mut live: HashMap<(u32, i32), u64> = HashMap::new();
     for (key, block) in &dump.live {
-        *live.entry((key.tgid, stack_of(block.user_stack_id, block.caller))).or_default() += block.size;
+        let slot = live.entry((key.tgid, stack_of(block.user_stack_id, block.caller))).or_default();
+        *slot = slot.saturating_add(block.size);
     }
     let mut samples = Vec::with_capacity(dump.alloc_sites.len());
     let mut counts: HashMap<(u32, i32), u64> = HashMap::new();
     for (key, stats) in dump.alloc_sites.iter().filter(|(key, _)| key.tgid != sysprof_pid) {
         let id = stack_of(key.user_stack_id, key.caller);
-        *counts.entry((key.tgid, id)).or_default() += stats.count;
+        let slot = counts.entry((key.tgid, id)).or_default();
+        *slot = slot.saturating_add(stats.count);
         samples.push(StackSample {
             tgid: key.tgid,
             tid: key.tgid,
@@ -194,9 +197,9 @@ pub fn heap_profile(
             live_bytes: 0,
         });
         let key = (sample.tgid, sample.user_stack_id);
-        row.allocations += counts.remove(&key).unwrap_or(0);
-        row.live_bytes += live.remove(&key).unwrap_or(0);
-        row.bytes += sample.weight;
+        row.allocations = row.allocations.saturating_add(counts.remove(&key).unwrap_or(0));
+        row.live_bytes = row.live_bytes.saturating_add(live.remove(&key).unwrap_or(0));
+        row.bytes = row.bytes.saturating_add(sample.weight);
     }
     let mut sites: Vec<AllocSite> = sites.into_values().collect();
     sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));

@@ -251,7 +251,7 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
                 swap_max: record.memory.samples().iter().map(|s| s.swap).max().unwrap_or(0),
                 minor_faults: minor,
                 major_faults: major,
-                faults_per_s: (minor + major) as f64 / wall_s,
+                faults_per_s: minor.saturating_add(major) as f64 / wall_s,
                 address_space: dump.address_space.iter().find(|(p, _)| *p == pid).map(|(_, a)| (*a).into()),
                 heap,
                 series: Vec::new(),
@@ -285,10 +285,15 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
         overview.extend(device_rows(gpu, gpu_metrics, &copied_ranges));
     }
     let heap = heap.map(|(allocators, sites, cost)| {
-        let (allocations, frees) =
-            dump.heaps.iter().filter(|(pid, _)| *pid != me).fold((0, 0), |(allocations, frees), (_, a)| {
-                (allocations + a.allocs, frees + a.frees + a.untracked_frees)
-            });
+        let (allocations, frees) = dump.heaps.iter().filter(|(pid, _)| *pid != me).fold(
+            (0u64, 0u64),
+            |(allocations, frees), (_, a)| {
+                (
+                    allocations.saturating_add(a.allocs),
+                    frees.saturating_add(a.frees).saturating_add(a.untracked_frees),
+                )
+            },
+        );
         let agreed = |of: fn(&EntriesStepped) -> Option<bool>| {
             let mut kinds = allocators.iter().map(|a| of(&a.entry_stepped));
             let first = kinds.next().flatten();
@@ -302,7 +307,7 @@ pub fn build(inputs: Inputs<'_>) -> MemoryReport {
                 allocations,
                 ns_per_free,
                 frees,
-                hits: allocations + frees,
+                hits: allocations.saturating_add(frees),
                 added_s: (cost.allocation_ns * allocations as f64 + ns_per_free * frees as f64) / 1e9,
                 malloc_stepped: agreed(|e| e.malloc),
                 free_stepped: agreed(|e| e.free),
@@ -520,7 +525,7 @@ pub fn recommendations(
     for process in &memory.processes {
         let major_per_s = process.major_faults as f64 / wall_s;
         let minor_storm = process.faults_per_s >= FAULT_STORM_PER_S
-            && process.minor_faults + process.major_faults >= STORM_FAULTS;
+            && process.minor_faults.saturating_add(process.major_faults) >= STORM_FAULTS;
         let major_storm = major_per_s >= MAJOR_STORM_PER_S && process.major_faults >= STORM_MAJOR_FAULTS;
         if !minor_storm && !major_storm {
             continue;

@@ -238,7 +238,7 @@ fn faults(out: &mut String, memory: &MemoryReport) {
     let mut rows: Vec<Vec<String>> = memory
         .processes
         .iter()
-        .filter(|p| p.minor_faults + p.major_faults > 0)
+        .filter(|p| p.minor_faults > 0 || p.major_faults > 0)
         .take(PROCESS_ROWS)
         .map(|p| {
             vec![

@@ -52,6 +52,62 @@ pub struct RankRun {
     starts: Vec<u64>,
 }
 
+/// The longest a run can claim to have lasted, in seconds: 146 years of CLOCK_MONOTONIC.
+const MAX_RUN_S: f64 = (1u64 << 62) as f64 / 1e9;
+
+/// `report.json`'s bytes as a report the merge can read, or why not. A sysprof report is a
+/// JSON object with `sysprof_version` (a string) and a `run` whose `started_at` is a string,
+/// `duration_s` a number and `samples` a count: what every sysprof has written. Then what it
+/// claims of the figures the merge uses is checked against what a run can have.
+pub fn parse_report(bytes: &[u8]) -> Result<Value, String> {
+    let not_one = |why: String| format!("report.json is not a sysprof report ({why})");
+    let report: Value =
+        serde_json::from_slice(bytes).map_err(|error| not_one(format!("not JSON: {error}")))?;
+    let run = &report["run"];
+    let marked = report["sysprof_version"].is_string()
+        && run["started_at"].is_string()
+        && run["duration_s"].is_number()
+        && run["samples"].is_number();
+    if !marked {
+        return Err(not_one(
+            "one has \"sysprof_version\" and a \"run\" with \"started_at\", \"duration_s\" and \"samples\""
+                .into(),
+        ));
+    }
+    let claim = |field: &str, why: &str| format!("report.json's {field} {why}");
+    let seconds = |field: &str, value: &Value, most: f64| match value.as_f64() {
+        Some(s) if !(0.0..=most).contains(&s) => {
+            Err(claim(field, &format!("is {s:?}, not a number of seconds a run can have")))
+        }
+        _ => Ok(()),
+    };
+    seconds("run.duration_s", &run["duration_s"], MAX_RUN_S)?;
+    // The target's busy seconds: every CPU's whole run at most.
+    let cpus = run["cpus"].as_f64().unwrap_or(1.0).max(1.0);
+    seconds("run.target_time_s", &run["target_time_s"], MAX_RUN_S * cpus)?;
+    if run["samples"].as_u64().is_none() {
+        return Err(claim("run.samples", "is not a count"));
+    }
+    if let Some(share) = report["hotspots"].as_array().and_then(|h| h.first()).map(|h| &h["self_share"])
+        && share.as_f64().is_some_and(|share| !(0.0..=1.0).contains(&share))
+    {
+        return Err(claim("hotspots[0].self_share", &format!("is {share}, where a share is 0 to 1")));
+    }
+    for (index, function) in report["gpu"]["functions"].as_array().into_iter().flatten().enumerate() {
+        seconds(
+            &format!("gpu.functions[{index}].latency.total_ns"),
+            &function["latency"]["total_ns"],
+            f64::MAX,
+        )?;
+    }
+    for (index, op) in report["gpu"]["nccl"].as_array().into_iter().flatten().enumerate() {
+        if !op["calls"].is_null() && op["calls"].as_u64().is_none() {
+            return Err(claim(&format!("gpu.nccl[{index}].calls"), "is not a count"));
+        }
+    }
+    Ok(report)
+}
+
 impl RankRun {
     pub fn of(dir: &Path, report: &Value, timeline: Option<&HostTimeline>) -> Self {
         let run = &report["run"];
@@ -69,9 +125,9 @@ impl RankRun {
             .as_array()
             .and_then(|h| h.first())
             .map(|h| (text(&h["function"]), h["self_share"].as_f64().unwrap_or(0.0)));
-        let collectives_in_report: u64 = report["gpu"]["nccl"]
-            .as_array()
-            .map_or(0, |ops| ops.iter().filter_map(|op| op["calls"].as_u64()).sum());
+        let collectives_in_report: u64 = report["gpu"]["nccl"].as_array().map_or(0, |ops| {
+            crate::readout::saturating_sum(ops.iter().filter_map(|op| op["calls"].as_u64()))
+        });
         let (mut before, mut within, mut starts) = (None, None, Vec::new());
         if let Some(timeline) = timeline {
             let calls = &timeline.collectives;
@@ -302,6 +358,59 @@ pub fn markdown(merged: &Merged) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_is_told_from_other_json_and_old_ones_still_are() {
+        for json in ["null", "[]", "{\"hello\":1}", "{\"sysprof_version\":\"0.1.0\",\"run\":[]}", "x"] {
+            let fault = parse_report(json.as_bytes()).unwrap_err();
+            assert!(fault.starts_with("report.json is not a sysprof report ("), "{json}: {fault}");
+        }
+        // The first sysprof's report: no target_time_s, hosts nor ranks.
+        let old = r#"{"sysprof_version":"0.1.0","run":{"target":"pid 1","started_at":"2026-01-01T00:00:00Z",
+            "duration_s":1.5,"samples":10,"cpus":2},"hotspots":[{"function":"f","self_share":0.5}]}"#;
+        let report = parse_report(old.as_bytes()).unwrap();
+        let run = RankRun::of(Path::new("old"), &report, None);
+        assert_eq!((run.cpu_samples, run.duration_s, run.target_time_s), (10, 1.5, 0.0));
+    }
+
+    #[test]
+    fn what_a_report_claims_is_checked() {
+        let with = |field: &str, value: &str| {
+            let json = r#"{"sysprof_version":"1","run":{"started_at":"t","duration_s":1.0,"samples":1,"cpus":1,
+                "target_time_s":0.5},"hotspots":[{"self_share":0.5}],"gpu":{"nccl":[{"calls":1}]}}"#;
+            let mut report: Value = serde_json::from_str(json).unwrap();
+            let mut at = &mut report;
+            for part in field.split('.') {
+                at = match part.parse::<usize>() {
+                    Ok(index) => &mut at[index],
+                    Err(_) => &mut at[part],
+                };
+            }
+            *at = serde_json::from_str(value).unwrap();
+            parse_report(report.to_string().as_bytes())
+        };
+        assert!(with("run.samples", "1").is_ok());
+        for (field, value, fault) in [
+            ("run.duration_s", "-1", "report.json's run.duration_s is -1.0"),
+            ("run.duration_s", "1e300", "report.json's run.duration_s is 1e300"),
+            ("run.target_time_s", "-0.5", "report.json's run.target_time_s is -0.5"),
+            ("run.samples", "-1", "report.json's run.samples is not a count"),
+            ("run.samples", "1.5", "report.json's run.samples is not a count"),
+            ("hotspots.0.self_share", "1.5", "report.json's hotspots[0].self_share is 1.5"),
+            ("gpu.nccl.0.calls", "-3", "report.json's gpu.nccl[0].calls is not a count"),
+        ] {
+            let got = with(field, value).unwrap_err();
+            assert!(got.starts_with(fault), "{field} = {value}: {got}");
+        }
+    }
+
+    #[test]
+    fn collectives_a_report_claims_add_up_without_wrapping() {
+        let json = r#"{"sysprof_version":"1","run":{"started_at":"t","duration_s":1.0,"samples":1},
+            "gpu":{"nccl":[{"calls":18446744073709551615},{"calls":18446744073709551615}]}}"#;
+        let report = parse_report(json.as_bytes()).unwrap();
+        assert_eq!(RankRun::of(Path::new("d"), &report, None).collectives, u64::MAX);
+    }
 
     fn run(label: &str, starts: Vec<u64>, before_ms: f64) -> RankRun {
         RankRun {

@@ -43,7 +43,9 @@ impl HostTimeline {
                         snapshot.clocks.iter().find(|c| c.clock_id == Some(id)).and_then(|c| c.timestamp)
                     };
                     if let (Some(mono), Some(real)) = (at(clock::MONOTONIC), at(clock::REALTIME)) {
-                        offset = Some(real as i64 - mono as i64);
+                        offset = Some(i64::try_from(i128::from(real) - i128::from(mono)).map_err(|_| {
+                            anyhow::anyhow!("its clock snapshot's times are hundreds of years apart")
+                        })?);
                     }
                 }
                 Some(Data::TrackEvent(event)) => {
@@ -72,7 +74,8 @@ impl HostTimeline {
 
     /// A monotonic time of this host in wall-clock nanoseconds.
     pub fn realtime(&self, monotonic_ns: u64) -> u64 {
-        (monotonic_ns as i64 + self.realtime_offset_ns).max(0) as u64
+        // In 128 bits: a file's times are its word, and may be anything.
+        (i128::from(monotonic_ns) + i128::from(self.realtime_offset_ns)).clamp(0, i128::from(u64::MAX)) as u64
     }
 }
 
@@ -163,4 +166,37 @@ pub fn merge(hosts: Vec<(&str, HostTimeline)>) -> Vec<u8> {
 /// Appends one packet as a field of the `Trace` message.
 fn append(out: &mut Vec<u8>, packet: &TracePacket) {
     prost::encoding::message::encode(1, packet, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_figures_a_file_claims_never_wrap() {
+        let snapshot = |mono: u64, real: u64| {
+            let mut bytes = Vec::new();
+            append(
+                &mut bytes,
+                &TracePacket {
+                    data: Some(Data::ClockSnapshot(ClockSnapshot {
+                        clocks: vec![
+                            Clock { clock_id: Some(clock::MONOTONIC), timestamp: Some(mono) },
+                            Clock { clock_id: Some(clock::REALTIME), timestamp: Some(real) },
+                        ],
+                        primary_trace_clock: None,
+                    })),
+                    ..TracePacket::default()
+                },
+            );
+            HostTimeline::decode(&bytes)
+        };
+        let host = snapshot(5, 15).unwrap();
+        assert_eq!((host.realtime_offset_ns, host.realtime(1)), (10, 11));
+        assert!(snapshot(0, u64::MAX).is_err(), "an offset past 64 bits is refused");
+        let late = HostTimeline { bytes: Vec::new(), realtime_offset_ns: i64::MAX, collectives: Vec::new() };
+        assert_eq!(late.realtime(u64::MAX), u64::MAX);
+        let early = HostTimeline { bytes: Vec::new(), realtime_offset_ns: i64::MIN, collectives: Vec::new() };
+        assert_eq!(early.realtime(5), 0);
+    }
 }

@@ -19,6 +19,9 @@ impl Sink for Flamegraph {
         if folded.is_empty() {
             // inferno refuses empty input; an empty profile still gets a file that says so.
             svg = empty_svg(title).into_bytes();
+        } else if profile.stacks.iter().map(|s| u128::from(s.weight)).sum::<u128>() > u128::from(u64::MAX) {
+            // inferno adds the weights up in 64 bits.
+            anyhow::bail!("the {name} profile's weights add up past 2^64: no flamegraph of it");
         } else {
             flamegraph::from_lines(&mut options, folded.lines(), &mut svg)
                 .with_context(|| format!("drawing the {name} flamegraph"))?;

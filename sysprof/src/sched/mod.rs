@@ -238,7 +238,8 @@ pub fn analyze(
     for stack in &offcpu.stacks {
         let reason =
             stack.frames.first().map(|f| f.function.trim_matches(['[', ']']).to_string()).unwrap_or_default();
-        *reasons.entry(stack.pid).or_default().entry(reason).or_default() += stack.weight;
+        let slot = reasons.entry(stack.pid).or_default().entry(reason).or_default();
+        *slot = slot.saturating_add(stack.weight);
     }
 
     let mut rows: Vec<ProcessSched> = threads_by_pid
@@ -262,8 +263,9 @@ pub fn analyze(
                 .collect();
             thread_rows.sort_by(|a, b| b.cpu_time_s.total_cmp(&a.cpu_time_s).then(a.tid.cmp(&b.tid)));
             let cpu_time_s: f64 = thread_rows.iter().map(|t| t.cpu_time_s).sum();
-            let voluntary: u64 = thread_rows.iter().map(|t| t.voluntary_switches).sum();
-            let involuntary: u64 = thread_rows.iter().map(|t| t.involuntary_switches).sum();
+            let voluntary = crate::readout::saturating_sum(thread_rows.iter().map(|t| t.voluntary_switches));
+            let involuntary =
+                crate::readout::saturating_sum(thread_rows.iter().map(|t| t.involuntary_switches));
             let offcpu_s: f64 = thread_rows.iter().map(|t| t.offcpu_s).sum();
             let stolen_s: f64 = thread_rows.iter().map(|t| t.stolen_s).sum();
             let mut by_reason: Vec<ReasonTime> = reasons

@@ -95,7 +95,7 @@ pub fn analyze(
             blocked_at: None,
         });
         group.seconds += value.total_ns as f64 / 1e9;
-        group.wakeups += value.count;
+        group.wakeups = group.wakeups.saturating_add(value.count);
         if group.blocked_at.is_none() && innermost_own_function(user).is_some() {
             group.blocked_at = Some(waiter);
         }
@@ -154,7 +154,7 @@ fn lock_releases(groups: &[(GroupKey, Group)]) -> Vec<LockRelease> {
         match releases.iter_mut().find(|r| r.pid == pid && r.released_in == *function) {
             Some(release) => {
                 release.seconds += group.seconds;
-                release.wakeups += group.wakeups;
+                release.wakeups = release.wakeups.saturating_add(group.wakeups);
             }
             None => releases.push(LockRelease {
                 pid,

@@ -40,7 +40,7 @@ impl Family for SignalFamily {
 
     fn read(&mut self, maps: &mut MapReader<'_>) -> anyhow::Result<()> {
         self.delivered = maps.entries(signals::SIGNALS)?;
-        self.lost = maps.per_cpu::<u64>(signals::SIGNALS_LOST, 0)?.iter().sum();
+        self.lost = maps.per_cpu::<u64>(signals::SIGNALS_LOST, 0)?.into_iter().fold(0, u64::saturating_add);
         Ok(())
     }
 

@@ -5,6 +5,7 @@ pub(crate) mod probes;
 pub(crate) mod recommend;
 pub(crate) mod section;
 
+use crate::readout::saturating_sum;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use serde::Serialize;
@@ -113,12 +114,12 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
         // An entry may hold only the errnos of timed calls, which are counted in the maps.
         if pending.count != 0 {
             let stats = stats.entry((pending.tgid, pending.nr)).or_default();
-            stats.calls += u64::from(pending.count);
-            stats.errors += u64::from(pending.errors);
+            stats.calls = stats.calls.saturating_add(u64::from(pending.count));
+            stats.errors = stats.errors.saturating_add(u64::from(pending.errors));
         }
         if pending.errno_count != 0 {
-            *by_errno.entry((pending.tgid, pending.nr, pending.errno)).or_default() +=
-                u64::from(pending.errno_count);
+            let count = by_errno.entry((pending.tgid, pending.nr, pending.errno)).or_default();
+            *count = count.saturating_add(u64::from(pending.errno_count));
         }
     }
     // A failure's errno is kept under its process even when its calls went to the by-number
@@ -126,11 +127,13 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
     let mut unattributed_errnos: HashMap<(u32, u32), u64> = HashMap::new();
     for ((tgid, nr, errno), count) in by_errno.iter_mut() {
         if !stats.contains_key(&(*tgid, *nr)) && stats.contains_key(&(UNATTRIBUTED, *nr)) {
-            *unattributed_errnos.entry((*nr, *errno)).or_default() += std::mem::take(count);
+            let moved = unattributed_errnos.entry((*nr, *errno)).or_default();
+            *moved = moved.saturating_add(std::mem::take(count));
         }
     }
     for ((nr, errno), count) in unattributed_errnos {
-        *by_errno.entry((UNATTRIBUTED, nr, errno)).or_default() += count;
+        let joined = by_errno.entry((UNATTRIBUTED, nr, errno)).or_default();
+        *joined = joined.saturating_add(count);
     }
     let mut errnos: HashMap<(u32, u32), Vec<ErrnoCount>> = HashMap::new();
     for ((tgid, nr, errno), count) in by_errno.into_iter().filter(|(_, count)| *count != 0) {
@@ -180,11 +183,11 @@ pub fn analyze(dump: &SyscallDump, processes: &ProcessTable, wall: Duration) -> 
         b.latency.total_ns.cmp(&a.latency.total_ns).then(a.pid.cmp(&b.pid)).then(a.nr.cmp(&b.nr))
     });
     SyscallReport {
-        calls: rows.iter().map(|r| r.calls).sum(),
-        timed: rows.iter().map(|r| r.timed + r.timed_from_block).sum(),
-        errors: rows.iter().map(|r| r.errors).sum(),
-        total_ns: rows.iter().map(|r| r.latency.total_ns).sum(),
-        unattributed: rows.iter().filter(|r| r.pid == UNATTRIBUTED).map(|r| r.calls).sum(),
+        calls: saturating_sum(rows.iter().map(|r| r.calls)),
+        timed: saturating_sum(rows.iter().map(|r| r.timed.saturating_add(r.timed_from_block))),
+        errors: saturating_sum(rows.iter().map(|r| r.errors)),
+        total_ns: saturating_sum(rows.iter().map(|r| r.latency.total_ns)),
+        unattributed: saturating_sum(rows.iter().filter(|r| r.pid == UNATTRIBUTED).map(|r| r.calls)),
         rows,
         lost: 0,
     }

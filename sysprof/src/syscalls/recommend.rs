@@ -59,7 +59,10 @@ pub fn syscall_recommendations(syscalls: &SyscallReport) -> Vec<Recommendation> 
                  mmap/io_uring for bulk data",
             ));
         }
-        if row.errors >= 100 && row.errors * 2 >= row.calls && !NOT_FAILURES.contains(&&*row.syscall) {
+        if row.errors >= 100
+            && row.errors.saturating_mul(2) >= row.calls
+            && !NOT_FAILURES.contains(&&*row.syscall)
+        {
             let errno = row.errnos.first().map(|e| e.errno.as_str()).unwrap_or("an error");
             let failed_s = total_s * row.errors as f64 / row.calls.max(1) as f64;
             recommendations.push(Recommendation::new(

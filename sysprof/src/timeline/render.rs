@@ -411,7 +411,7 @@ impl Writer {
                 ..TrackDescriptor::default()
             });
             for sample in record.memory.samples() {
-                self.counter(track, start + sample.t_ms * 1_000_000, sample.rss() as f64);
+                self.counter(track, at_ms(start, sample.t_ms), sample.rss() as f64);
             }
         }
         let Some(samples) = sources.nvml else { return };
@@ -440,7 +440,7 @@ impl Writer {
                     ..TrackDescriptor::default()
                 });
                 for (t_ms, value) in values {
-                    self.counter(track, start + t_ms * 1_000_000, value);
+                    self.counter(track, at_ms(start, t_ms), value);
                 }
             }
         }
@@ -629,4 +629,10 @@ pub(crate) fn stack_sample(event: &TimelineEvent) -> StackSample {
         weight: 1,
         tag: event.detail,
     }
+}
+
+/// `t_ms` milliseconds after `start_ns`: a replayed read-out's times are its word, so this
+/// saturates rather than wraps.
+fn at_ms(start_ns: u64, t_ms: u64) -> u64 {
+    start_ns.saturating_add(t_ms.saturating_mul(1_000_000))
 }

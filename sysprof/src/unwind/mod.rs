@@ -522,29 +522,69 @@ struct TableFigures {
     rows: usize,
     /// Kernel memory its rows take (whole chunks).
     bytes: u64,
+    /// Reading the file's inputs, hashing them and building the table.
     build_ms: f64,
+    /// Of which hashing the inputs (SHA-256), what a trace pays for a cached table too.
+    hash_ms: f64,
+    /// Reading the inputs and hashing them, then reading the table from the cache: what a
+    /// trace pays for a cached table.
     cached_read_ms: f64,
+    /// Of which reading the entry (its checksum and rows checked).
+    entry_read_ms: f64,
+    /// Where the cache keeps the table, when there is a cache.
+    cache_entry: Option<String>,
+    /// With --verify: what the cached table was ("matches", "missing", "differed: removed",
+    /// "unusable (...): removed").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verified: Option<String>,
 }
 
-/// `sysprof tables FILE...`: each file's table built (without the cache), then read back from
-/// the cache (written first if it was not there).
-pub fn describe_tables(files: &[PathBuf], json: bool) -> anyhow::Result<u8> {
+/// `sysprof tables [--verify] FILE...`: each file's table built (without the cache), then read
+/// back from the cache (written first if it was not there); with `verify`, the cached table
+/// compared with the one built, and removed where it differs. Through sudo each file is opened
+/// as the user who ran it. Exits 1 when a cached table was wrong.
+pub fn describe_tables(files: &[PathBuf], json: bool, verify: bool) -> anyhow::Result<u8> {
     use anyhow::Context as _;
+    let user = crate::privileges::InvokingUser::from_sudo_env();
     let cache = cache::Cache::open();
+    if verify && cache.is_none() {
+        anyhow::bail!(
+            "--verify: there is no unwind cache to verify (sysprof found none it could use safely: its \
+             directory and those above it must be the user's and writable by no one else)"
+        );
+    }
     let mut figures = Vec::new();
+    let mut wrong = 0;
     for file in files {
+        let source = open_named(file, user.as_ref())?;
         let started = Instant::now();
-        let source = cache::Source::open(file)?;
-        let table = tables::build(source.bytes())
+        let inputs = tables::Inputs::read(source.bytes())
+            .with_context(|| format!("building the table of {}", file.display()))?;
+        let hashed = Instant::now();
+        let key = inputs.key();
+        let hash_ms = hashed.elapsed().as_secs_f64() * 1e3;
+        let table = tables::build_from(&inputs)
             .with_context(|| format!("building the table of {}", file.display()))?;
         let build_ms = started.elapsed().as_secs_f64() * 1e3;
+        drop(inputs);
+        let mut verified = None;
+        let mut entry_read_ms = f64::NAN;
         let cached_read_ms = match &cache {
             Some(cache) => {
-                if cache.get(&source).is_none() {
-                    cache.put(&source, &table);
+                if verify {
+                    let (said, bad) = verify_entry(cache, &key, &table);
+                    wrong += usize::from(bad);
+                    verified = Some(said);
+                } else if cache.get(&key).is_none() {
+                    cache.put(&key, &table);
                 }
+                // As a trace reads it: the file's inputs, their hash, the entry.
                 let started = Instant::now();
-                let _ = cache.get(&cache::Source::open(file)?);
+                let again = tables::Inputs::read(source.bytes())?;
+                let key = again.key();
+                let entry = Instant::now();
+                let _ = cache.get(&key);
+                entry_read_ms = entry.elapsed().as_secs_f64() * 1e3;
                 started.elapsed().as_secs_f64() * 1e3
             }
             None => f64::NAN,
@@ -554,24 +594,91 @@ pub fn describe_tables(files: &[PathBuf], json: bool) -> anyhow::Result<u8> {
             rows: table.rows.len(),
             bytes: (table.rows.len().div_ceil(ROWS_PER_CHUNK) * size_of::<RowChunk>()) as u64,
             build_ms,
+            hash_ms,
             cached_read_ms,
+            entry_read_ms,
+            cache_entry: cache.as_ref().map(|cache| cache.path(&key).display().to_string()),
+            verified,
         });
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&figures)?);
     } else {
         for f in &figures {
-            println!(
-                "{}: {} rows, {} of kernel memory; built in {:.1} ms, read from the cache in {:.1} ms",
-                f.file,
-                crate::report::format::thousands(f.rows as u64),
-                crate::report::format::bytes(f.bytes),
-                f.build_ms,
-                f.cached_read_ms
-            );
+            match &f.verified {
+                Some(verified) => println!("{}: the cached table {verified}", f.file),
+                None => println!(
+                    "{}: {} rows, {} of kernel memory; built in {:.1} ms (hashing {:.1} ms of it), read from \
+                     the cache in {:.1} ms (the entry {:.1} ms of it)",
+                    f.file,
+                    crate::report::format::thousands(f.rows as u64),
+                    crate::report::format::bytes(f.bytes),
+                    f.build_ms,
+                    f.hash_ms,
+                    f.cached_read_ms,
+                    f.entry_read_ms
+                ),
+            }
         }
     }
-    Ok(0)
+    Ok(if wrong > 0 { 1 } else { 0 })
+}
+
+/// A file named on the command line, opened as `user` where there is one (through sudo, root
+/// opens nothing for them that they could not), only if it is a regular file, without
+/// blocking on a FIFO.
+fn open_named(
+    file: &std::path::Path,
+    user: Option<&crate::privileges::InvokingUser>,
+) -> anyhow::Result<cache::Source> {
+    use anyhow::Context as _;
+
+    use crate::input::{InputError, Links, open_regular};
+    if file == std::path::Path::new(cache::VDSO) {
+        return cache::Source::open(file);
+    }
+    let opened = crate::privileges::as_user(user, || open_regular(file, Links::Follow))
+        .with_context(|| format!("opening {}", file.display()))?;
+    let opened = match (opened, user) {
+        (Ok(opened), _) => opened,
+        (Err(InputError::Io { source, .. }), Some(user))
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            return Err(crate::error::Error::NotReadableByUser {
+                path: file.to_path_buf(),
+                user: user.name.clone(),
+            }
+            .into());
+        }
+        (Err(error), _) => return Err(error.into()),
+    };
+    cache::Source::map(&opened, file)
+}
+
+/// Compares the cached table named `key` with `built`, the table of the file it names;
+/// removes it when it differs or cannot be read. What it found, and whether it was wrong.
+fn verify_entry(cache: &cache::Cache, key: &cache::Key, built: &tables::Table) -> (String, bool) {
+    let path = cache.path(key);
+    let (what, bad) = match cache.lookup(key) {
+        cache::Lookup::Missing => {
+            return (format!("is missing ({}): nothing to verify", path.display()), false);
+        }
+        cache::Lookup::Found(cached) if cached == *built => {
+            return (format!("matches its file ({})", path.display()), false);
+        }
+        cache::Lookup::Found(_) => ("differed from the one built from the file", true),
+        cache::Lookup::Unusable(why) => {
+            return (removed(cache, key, &path, &format!("was unusable ({why})")), true);
+        }
+    };
+    (removed(cache, key, &path, what), bad)
+}
+
+fn removed(cache: &cache::Cache, key: &cache::Key, path: &std::path::Path, what: &str) -> String {
+    match cache.remove(key) {
+        Ok(()) => format!("{what}: removed {}", path.display()),
+        Err(error) => format!("{what}: could not remove {}: {error}", path.display()),
+    }
 }
 
 /// A file's table, from the cache or built (and then cached); whether it was cached, and how
@@ -582,12 +689,19 @@ fn build_one(
 ) -> anyhow::Result<(tables::Table, bool, Duration)> {
     let started = Instant::now();
     let source = cache::Source::open(open)?;
-    if let Some(table) = cache.and_then(|cache| cache.get(&source)) {
+    // Copied out of the file, hashed and built from: the table is the one its name says even
+    // if the file changes meanwhile.
+    let inputs = tables::Inputs::read(source.bytes())?;
+    drop(source);
+    let key = cache.map(|_| inputs.key());
+    if let (Some(cache), Some(key)) = (cache, &key)
+        && let Some(table) = cache.get(key)
+    {
         return Ok((table, true, started.elapsed()));
     }
-    let table = tables::build(source.bytes())?;
-    if let Some(cache) = cache {
-        cache.put(&source, &table);
+    let table = tables::build_from(&inputs)?;
+    if let (Some(cache), Some(key)) = (cache, &key) {
+        cache.put(key, &table);
     }
     Ok((table, false, started.elapsed()))
 }

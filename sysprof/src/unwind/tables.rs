@@ -36,35 +36,117 @@ impl Table {
     }
 }
 
+/// Everything [`build_from`] reads of a file, copied out of it: the table is a function of
+/// these bytes alone, so [`Inputs::key`], their hash, names the table in the cache whoever owns
+/// the file it came from, and a file changed under sysprof between the hash and the build
+/// (it is mapped, and its owner can write it) changes neither.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inputs {
+    /// The executable loadable segments: (file offset, virtual address).
+    segments: Vec<(u64, u64)>,
+    frame: Frame,
+}
+
+/// The call frame information and the addresses its pointers are relative to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Frame {
+    Eh { bytes: Vec<u8>, address: u64, text: Option<u64>, got: Option<u64> },
+    Debug { bytes: Vec<u8> },
+    None,
+}
+
+impl Inputs {
+    /// Reads them from an ELF file (x86_64 only: the rules are x86_64's registers).
+    pub fn read(data: &[u8]) -> anyhow::Result<Self> {
+        let file = object::File::parse(data).context("not an ELF file sysprof can read")?;
+        if file.architecture() != object::Architecture::X86_64 {
+            anyhow::bail!("unwind tables are built for x86_64 code only");
+        }
+        let segments = file
+            .segments()
+            .filter(|segment| matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+            .map(|segment| (segment.file_range().0, segment.address()))
+            .collect();
+        let frame = if let Some(section) = file.section_by_name(".eh_frame") {
+            Frame::Eh {
+                bytes: section.data().context("reading .eh_frame")?.to_vec(),
+                address: section.address(),
+                text: file.section_by_name(".text").map(|text| text.address()),
+                got: file.section_by_name(".got").map(|got| got.address()),
+            }
+        } else if let Some(section) = file.section_by_name(".debug_frame") {
+            Frame::Debug { bytes: section.data().context("reading .debug_frame")?.to_vec() }
+        } else {
+            Frame::None
+        };
+        Ok(Inputs { segments, frame })
+    }
+
+    /// SHA-256 of every field, each of fixed width or led by its length, so that no two
+    /// different inputs are written alike.
+    pub fn key(&self) -> [u8; 32] {
+        use sha2::Digest as _;
+        let mut hash = sha2::Sha256::new();
+        hash.update(b"sysprof unwind inputs 1\0");
+        hash.update((self.segments.len() as u64).to_le_bytes());
+        for &(offset, vaddr) in &self.segments {
+            hash.update(offset.to_le_bytes());
+            hash.update(vaddr.to_le_bytes());
+        }
+        let optional = |hash: &mut sha2::Sha256, value: Option<u64>| match value {
+            Some(value) => {
+                hash.update([1]);
+                hash.update(value.to_le_bytes());
+            }
+            None => hash.update([0]),
+        };
+        match &self.frame {
+            Frame::Eh { bytes, address, text, got } => {
+                hash.update([1]);
+                hash.update(address.to_le_bytes());
+                optional(&mut hash, *text);
+                optional(&mut hash, *got);
+                hash.update((bytes.len() as u64).to_le_bytes());
+                hash.update(bytes);
+            }
+            Frame::Debug { bytes } => {
+                hash.update([2]);
+                hash.update((bytes.len() as u64).to_le_bytes());
+                hash.update(bytes);
+            }
+            Frame::None => hash.update([0]),
+        }
+        hash.finalize().into()
+    }
+}
+
 /// Builds the table of an ELF file (x86_64 only: the rules are x86_64's registers).
 pub fn build(data: &[u8]) -> anyhow::Result<Table> {
-    let file = object::File::parse(data).context("not an ELF file sysprof can read")?;
-    if file.architecture() != object::Architecture::X86_64 {
-        anyhow::bail!("unwind tables are built for x86_64 code only");
-    }
-    let segments = file
-        .segments()
-        .filter(|segment| matches!(segment.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
-        .map(|segment| (segment.file_range().0, segment.address()))
-        .collect();
+    build_from(&Inputs::read(data)?)
+}
+
+/// Builds the table of the file `inputs` were read from.
+pub fn build_from(inputs: &Inputs) -> anyhow::Result<Table> {
     let mut spans = Vec::new();
-    if let Some(section) = file.section_by_name(".eh_frame") {
-        let bytes = section.data().context("reading .eh_frame")?;
-        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-        if let Some(text) = file.section_by_name(".text") {
-            bases = bases.set_text(text.address());
+    match &inputs.frame {
+        Frame::Eh { bytes, address, text, got } => {
+            let mut bases = BaseAddresses::default().set_eh_frame(*address);
+            if let Some(text) = text {
+                bases = bases.set_text(*text);
+            }
+            if let Some(got) = got {
+                bases = bases.set_got(*got);
+            }
+            collect(&EhFrame::new(bytes, LittleEndian), &bases, &mut spans)?;
         }
-        if let Some(got) = file.section_by_name(".got") {
-            bases = bases.set_got(got.address());
+        Frame::Debug { bytes } => {
+            let mut frame = DebugFrame::new(bytes, LittleEndian);
+            frame.set_address_size(8);
+            collect(&frame, &BaseAddresses::default(), &mut spans)?;
         }
-        collect(&EhFrame::new(bytes, LittleEndian), &bases, &mut spans)?;
-    } else if let Some(section) = file.section_by_name(".debug_frame") {
-        let bytes = section.data().context("reading .debug_frame")?;
-        let mut frame = DebugFrame::new(bytes, LittleEndian);
-        frame.set_address_size(8);
-        collect(&frame, &BaseAddresses::default(), &mut spans)?;
+        Frame::None => {}
     }
-    Ok(Table { rows: rows_of(spans), segments })
+    Ok(Table { rows: rows_of(spans), segments: inputs.segments.clone() })
 }
 
 /// One row's span of addresses and its rule. In 32 bits, as the BPF side keeps them: a
@@ -247,6 +329,35 @@ mod tests {
                 (0x1110, cfa::END, 0)
             ]
         );
+    }
+
+    #[test]
+    fn the_key_is_of_what_builds_the_table_and_nothing_else() {
+        let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let inputs = Inputs::read(&data).unwrap();
+        assert_eq!(build_from(&inputs).unwrap(), build(&data).unwrap());
+        let file = object::File::parse(&*data).unwrap();
+        let range = |name: &str| {
+            let (start, size) = file.section_by_name(name).unwrap().file_range().unwrap();
+            start as usize..(start + size) as usize
+        };
+        // Its build id is none of the inputs: another build id, the same key.
+        let mut renamed = data.clone();
+        renamed[range(".note.gnu.build-id")].iter_mut().rev().take(4).for_each(|byte| *byte ^= 0xff);
+        assert_eq!(Inputs::read(&renamed).unwrap().key(), inputs.key());
+        // The same build id and size with the call frame information gone: another key (and
+        // the table it names is empty).
+        let mut emptied = data.clone();
+        emptied[range(".eh_frame")].fill(0);
+        let emptied = Inputs::read(&emptied).unwrap();
+        assert_ne!(emptied.key(), inputs.key());
+        assert!(build_from(&emptied).unwrap().rows.is_empty());
+        // A base address moved: another key.
+        let mut moved = inputs.clone();
+        if let Frame::Eh { address, .. } = &mut moved.frame {
+            *address += 16;
+        }
+        assert_ne!(moved.key(), inputs.key());
     }
 
     #[test]
