@@ -77,7 +77,7 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
             say!("{line}");
         }
     };
-    for note in &resolved.notes {
+    for note in resolved.notes.iter().chain(output.notes()) {
         say(note);
     }
     if config.stack_storage_size > sysprof_common::capacity::STACKS {
