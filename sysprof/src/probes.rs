@@ -24,12 +24,7 @@ use aya::{
 use serde::{Deserialize, Serialize};
 use sysprof_common::{Config, names};
 
-use crate::{
-    error::Error,
-    privileges::{self, InvokingUser},
-    target_bits::TargetBits,
-    uprobes::Binary,
-};
+use crate::{error::Error, privileges, target_bits::TargetBits, uprobes::Binary};
 
 /// The BPF object built from `sysprof-ebpf` by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
@@ -865,16 +860,13 @@ impl Probes {
     /// file itself), each with what changed. sysprof opens them read-only and its uprobes live
     /// in the kernel's copy of their pages, so this is checked, not assumed: a change is
     /// someone else's, and the report says so. The file probed is asked through its descriptor;
-    /// what its path names now, with `user`'s rights (through sudo: a path of theirs never has
-    /// root look behind it).
-    pub fn probed_files_changed(&self, user: Option<&InvokingUser>) -> Vec<String> {
+    /// what its path names now, with the rights it was opened with (through sudo, a path the
+    /// user named never has root look behind it: `Binary::named_now`).
+    pub fn probed_files_changed(&self) -> Vec<String> {
         self.probed_files
             .iter()
             .filter_map(|(path, (file, before))| {
-                use std::os::unix::fs::MetadataExt as _;
-                let named = privileges::as_user(user, || std::fs::metadata(path))
-                    .and_then(|named| named)
-                    .map(|meta| (meta.dev(), meta.ino()));
+                let named = file.named_now();
                 let now = FileStamp::of(file.file());
                 let what = match (named, now) {
                     (Err(error), _) if error.kind() == std::io::ErrorKind::NotFound => "removed".to_string(),

@@ -87,7 +87,7 @@ impl Results {
         let (probe_cost_ns, probe_share, heap_cost) =
             calibrate_probes(&mut probes, allocators, &mut limitations, props.quiet);
         let attached = probes.attached().to_vec();
-        let files_changed = probes.probed_files_changed(output.user());
+        let files_changed = probes.probed_files_changed();
         let detach = probes.detach();
         processes.final_scan();
         for pid in analysis::processes(&families) {

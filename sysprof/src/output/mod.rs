@@ -268,11 +268,6 @@ impl OutputDir {
         &self.path
     }
 
-    /// Through sudo, the user it is written as.
-    pub fn user(&self) -> Option<&InvokingUser> {
-        self.user.as_ref()
-    }
-
     /// What the start found worth a line, for the terminal.
     pub fn notes(&self) -> &[String] {
         &self.notes

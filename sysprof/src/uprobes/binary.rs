@@ -33,6 +33,9 @@ pub struct Binary {
     file: Arc<File>,
     /// `/proc/self/fd/N`: the open file, for whatever opens a path (the kernel's attach).
     at: PathBuf,
+    /// Whose rights opened it (through sudo, the user's): what its path names later is asked
+    /// with the same.
+    opened_as: Option<InvokingUser>,
 }
 
 impl Binary {
@@ -41,13 +44,8 @@ impl Binary {
     pub fn open(path: &Path, user: Option<&InvokingUser>) -> Result<Self, InputError> {
         let opened = as_user(user, || open_regular(path, Links::Follow))
             .map_err(|source| InputError::Io { path: path.to_path_buf(), source })??;
-        Ok(Self::from_file(path, opened))
-    }
-
-    /// `file`, already open, shown as `shown`.
-    pub fn from_file(shown: &Path, file: File) -> Self {
-        let at = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        Binary { shown: shown.to_path_buf(), file: Arc::new(file), at }
+        let at = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+        Ok(Binary { shown: path.to_path_buf(), file: Arc::new(opened), at, opened_as: user.cloned() })
     }
 
     /// The path it is shown by.
@@ -74,6 +72,12 @@ impl Binary {
     /// (device, inode): the file's identity.
     pub fn id(&self) -> Option<(u64, u64)> {
         self.file.metadata().ok().map(|meta| (meta.dev(), meta.ino()))
+    }
+
+    /// The identity of the file its path names now, asked with the rights it was opened with.
+    pub fn named_now(&self) -> std::io::Result<(u64, u64)> {
+        as_user(self.opened_as.as_ref(), || std::fs::metadata(&self.shown))?
+            .map(|meta| (meta.dev(), meta.ino()))
     }
 }
 
