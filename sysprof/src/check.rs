@@ -26,19 +26,21 @@ pub struct Finding {
 /// Runs every check, prints the findings, and returns the exit code: 1 when tracing cannot work.
 pub fn run(json: bool, nvml_library: Option<&Path>) -> anyhow::Result<u8> {
     let mut findings = findings();
-    findings.push(match crate::gpu::nvml::open(nvml_library) {
-        Ok(nvml) => {
-            let topology = crate::gpu::nvml::topology::read(&nvml);
-            let names: Vec<String> =
-                topology.devices.iter().map(|d| format!("GPU{} {}", d.index, d.name)).collect();
-            Finding {
-                name: "NVML",
-                status: "ok",
-                detail: format!("{} GPUs: {}", names.len(), names.join(", ")),
+    findings.push(
+        match crate::gpu::nvml::open(nvml_library, privileges::InvokingUser::from_sudo_env().as_ref()) {
+            Ok(nvml) => {
+                let topology = crate::gpu::nvml::topology::read(&nvml);
+                let names: Vec<String> =
+                    topology.devices.iter().map(|d| format!("GPU{} {}", d.index, d.name)).collect();
+                Finding {
+                    name: "NVML",
+                    status: "ok",
+                    detail: format!("{} GPUs: {}", names.len(), names.join(", ")),
+                }
             }
-        }
-        Err(line) => Finding { name: "NVML", status: "missing", detail: line },
-    });
+            Err(line) => Finding { name: "NVML", status: "missing", detail: line },
+        },
+    );
     let fatal = findings.iter().any(|f| f.status == "fail");
     let mut text = String::new();
     if json {
@@ -328,5 +330,6 @@ fn attach_own_uprobe(probes: &mut Probes) -> anyhow::Result<()> {
     let offset = *crate::uprobes::elf::exported_functions(&exe)?
         .get(symbol)
         .with_context(|| format!("sysprof's binary lost its symbol {symbol} (stripped?)"))?;
+    let exe = crate::uprobes::Binary::open(&exe, None)?;
     probes.attach_calls(&exe, &[(offset, u64::from(crate::uprobes::calibrate::CALIBRATION_ID))]).map(drop)
 }

@@ -77,6 +77,11 @@ pub enum Error {
     )]
     NotReadableByUser { path: PathBuf, user: String },
 
+    /// Through sudo, a file the user named that they opened and that is no file to read (a
+    /// FIFO, a device).
+    #[error("{0}")]
+    Unreadable(crate::input::InputError),
+
     /// A library to load as root that someone other than root could change.
     #[error("refusing to load {reason}")]
     UntrustedLibrary { reason: String },

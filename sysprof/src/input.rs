@@ -73,6 +73,47 @@ pub fn open_regular(path: &Path, links: Links) -> Result<File, InputError> {
     Ok(file)
 }
 
+/// [`open_regular`] for `name` in the directory `dir` (held open: the file is looked up there,
+/// whatever the directory's path names by now); `shown` is the path errors name.
+pub fn open_regular_at(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &Path,
+    links: Links,
+    shown: &Path,
+) -> Result<File, InputError> {
+    let mut flags = nix::fcntl::OFlag::O_RDONLY
+        | nix::fcntl::OFlag::O_NONBLOCK
+        | nix::fcntl::OFlag::O_CLOEXEC
+        | nix::fcntl::OFlag::O_NOCTTY;
+    if links == Links::Refuse {
+        flags |= nix::fcntl::OFlag::O_NOFOLLOW;
+    }
+    let file = nix::fcntl::openat(dir, name, flags, nix::sys::stat::Mode::empty()).map(File::from).map_err(
+        |errno| {
+            if links == Links::Refuse && errno == nix::errno::Errno::ELOOP {
+                InputError::Link { path: shown.to_path_buf() }
+            } else {
+                InputError::Io { path: shown.to_path_buf(), source: errno.into() }
+            }
+        },
+    )?;
+    // As `open_regular` checks it, on the descriptor.
+    let kind =
+        file.metadata().map_err(|source| InputError::Io { path: shown.to_path_buf(), source })?.file_type();
+    if !kind.is_file() {
+        return Err(InputError::NotRegular { path: shown.to_path_buf(), kind: kind_name(kind) });
+    }
+    // SAFETY: fcntl on a descriptor this function owns.
+    unsafe {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let status = libc::fcntl(fd, libc::F_GETFL);
+        if status >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, status & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
 /// The whole of the regular file at `path`, at most `limit` bytes of it.
 pub fn read_regular(path: &Path, links: Links, limit: u64) -> Result<Vec<u8>, InputError> {
     read_bounded(open_regular(path, links)?, path, limit)

@@ -4,14 +4,15 @@
 //! [`CommandWatch`] follows it to its exit and, when the trace ends first, ends it and what it
 //! started.
 //!
-//! Run through sudo, CMD runs as the invoking user with their groups.
+//! Run through sudo, CMD runs as the invoking user with their groups, and is found as they
+//! would find it: on PATH, with their rights.
 
 use std::{
-    ffi::OsString,
+    ffi::{OsStr, OsString},
     io::{Read as _, Write as _},
     os::{
         fd::AsRawFd as _,
-        unix::{fs::PermissionsExt as _, process::CommandExt as _},
+        unix::{ffi::OsStrExt as _, fs::PermissionsExt as _, process::CommandExt as _},
     },
     path::{Path, PathBuf},
     process::{Command, ExitStatus},
@@ -23,7 +24,11 @@ use anyhow::Context as _;
 
 use tokio::sync::oneshot;
 
-use crate::{error::Error, privileges::InvokingUser, procs::ProcessTable};
+use crate::{
+    error::Error,
+    privileges::{InvokingUser, as_user},
+    procs::ProcessTable,
+};
 
 /// A child created and waiting at the gate.
 pub struct GatedChild {
@@ -42,10 +47,11 @@ impl GatedChild {
     pub fn spawn(argv: &[OsString], run_as: Option<&InvokingUser>) -> anyhow::Result<Self> {
         let program = argv.first().context("no command given after --")?;
         let program_text = program.to_string_lossy().into_owned();
-        let path = resolve_program(program)?;
+        let path = resolve_program(program, run_as)?;
 
-        let mut command = Command::new(program);
-        command.args(&argv[1..]);
+        // The file found is the one run (its name as given is its argv[0]).
+        let mut command = Command::new(&path);
+        command.arg0(program).args(&argv[1..]);
         let identity = run_as.map(|user| {
             command.env("HOME", &user.home).env("USER", &user.name).env("LOGNAME", &user.name);
             (user.uid, user.gid, user.groups.clone())
@@ -246,33 +252,108 @@ impl CommandWatch {
     }
 }
 
-/// Checks that `program` names something executable, before anything is loaded.
-fn resolve_program(program: &std::ffi::OsStr) -> Result<PathBuf, Error> {
+/// Finds `program` before anything is loaded, as `user` (who will run it; sysprof itself
+/// without one) would: on PATH when it names no directory, and with their rights. What the
+/// answer tells is then only what they could learn themselves: every path in a directory they
+/// cannot search is refused alike, whatever is there.
+fn resolve_program(program: &OsStr, user: Option<&InvokingUser>) -> Result<PathBuf, Error> {
     let text = program.to_string_lossy().into_owned();
-    let candidates: Vec<PathBuf> = if text.contains('/') {
-        vec![PathBuf::from(program)]
-    } else {
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .map(|dir| dir.join(program))
-            .collect()
-    };
-    let Some(found) = candidates.into_iter().find(|path| path.exists()) else {
-        return Err(Error::CommandNotFound(text));
-    };
-    if found.is_dir() {
-        return Err(Error::CommandNotRunnable { program: text, reason: "it is a directory".into() });
-    }
-    if !is_executable(&found) {
-        return Err(Error::CommandNotRunnable {
-            program: text,
-            reason: "permission denied (is it executable? `chmod +x` it)".into(),
-        });
-    }
-    Ok(found)
+    let refused = |reason: String| Error::CommandNotRunnable { program: text.clone(), reason };
+    as_user(user, || find_program(program, &text, user))
+        .map_err(|error| refused(format!("could not act as the user who ran sudo: {error}")))?
 }
 
-fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+fn find_program(program: &OsStr, text: &str, user: Option<&InvokingUser>) -> Result<PathBuf, Error> {
+    let refused = |reason: String| Error::CommandNotRunnable { program: text.to_string(), reason };
+    if text.contains('/') {
+        let path = PathBuf::from(program);
+        return match runnable(&path) {
+            Ok(()) => Ok(path),
+            Err(Refusal::Missing) => Err(Error::CommandNotFound(text.to_string())),
+            Err(refusal) => Err(refused(refusal.reason(user))),
+        };
+    }
+    // As execvp searches: the first candidate that runs; failing that, why the first one
+    // found would not. A directory on PATH the user cannot search holds nothing for them.
+    let mut first_refusal = None;
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        // An empty entry is the working directory, as the shells have it.
+        let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+        let path = dir.join(program);
+        match runnable(&path) {
+            Ok(()) => return Ok(path),
+            Err(Refusal::Missing | Refusal::Denied) => {}
+            Err(refusal) => {
+                first_refusal.get_or_insert(refusal);
+            }
+        }
+    }
+    match first_refusal {
+        Some(refusal) => Err(refused(refusal.reason(user))),
+        None => Err(Error::CommandNotFound(text.to_string())),
+    }
+}
+
+/// Why a path cannot be run.
+#[derive(Debug)]
+enum Refusal {
+    /// Nothing there (or a path through a file).
+    Missing,
+    /// A directory on the way cannot be searched.
+    Denied,
+    Directory,
+    /// There, but not executable by the user.
+    NotExecutable,
+    Other(std::io::Error),
+}
+
+impl Refusal {
+    fn reason(&self, user: Option<&InvokingUser>) -> String {
+        let as_whom = user.map_or(String::new(), |user| {
+            format!(" for {} (through sudo, sysprof runs the command as the user who ran it)", user.name)
+        });
+        match self {
+            Refusal::Missing => "no such file".into(),
+            Refusal::Denied => format!("permission denied{as_whom}"),
+            Refusal::Directory => "it is a directory".into(),
+            Refusal::NotExecutable => format!("permission denied{as_whom} (is it executable? `chmod +x` it)"),
+            Refusal::Other(error) => error.to_string(),
+        }
+    }
+}
+
+/// Whether `path` is a file the current (filesystem) identity may execute.
+fn runnable(path: &Path) -> Result<(), Refusal> {
+    let meta = std::fs::metadata(path).map_err(|error| match error.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR) => Refusal::Missing,
+        Some(libc::EACCES) => Refusal::Denied,
+        _ => Refusal::Other(error),
+    })?;
+    if meta.is_dir() {
+        return Err(Refusal::Directory);
+    }
+    if !meta.is_file() || !may_execute(path, &meta) {
+        return Err(Refusal::NotExecutable);
+    }
+    Ok(())
+}
+
+/// Whether the thread's filesystem identity may execute `path`: faccessat2 with AT_EACCESS
+/// checks with exactly the ids `InvokingUser::act` sets (access(2) would check the real uid,
+/// root's). Where the kernel predates it (5.8), any execute bit.
+fn may_execute(path: &Path, meta: &std::fs::Metadata) -> bool {
+    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: `name` is a valid C string; the call only reads it.
+    let result = unsafe {
+        libc::syscall(libc::SYS_faccessat2, libc::AT_FDCWD, name.as_ptr(), libc::X_OK, libc::AT_EACCESS)
+    };
+    match result {
+        0 => true,
+        _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) => {
+            meta.permissions().mode() & 0o111 != 0
+        }
+        _ => false,
+    }
 }
 
 fn spawn_error(program: &str, error: std::io::Error) -> anyhow::Error {

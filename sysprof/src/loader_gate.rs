@@ -25,10 +25,12 @@ use sysprof_common::{
 };
 
 use crate::{
+    input::{Links, open_regular},
+    privileges::{InvokingUser, as_user},
     probes::Probes,
     procmaps::Backing,
     procs::ProcessTable,
-    uprobes::{self, file_id},
+    uprobes::{self, Binary, file_id},
 };
 
 /// The program in sysprof-ebpf `loader.rs`.
@@ -41,16 +43,18 @@ const LOADER_WAIT: Duration = Duration::from_millis(500);
 /// The hold, armed for one launched command still at its gate.
 pub struct LoaderGate {
     pid: u32,
-    loader: PathBuf,
+    loader: Binary,
 }
 
 impl LoaderGate {
     /// Arms the hold for process `pid`, which will exec `program`: a uprobe on its loader's
     /// `_dl_debug_state`, for that process alone. `None` where there is no loader to probe (a
     /// static program, a loader without the symbols, as musl's) or the probe cannot attach:
-    /// the command then runs unheld, as it did before the hold existed.
-    pub fn arm(probes: &mut Probes, pid: u32, program: &Path) -> Option<Self> {
-        let loader = loader_of(program)?;
+    /// the command then runs unheld, as it did before the hold existed. The program and its
+    /// loader are read as `user`, whom the command runs as.
+    pub fn arm(probes: &mut Probes, pid: u32, program: &Path, user: Option<&InvokingUser>) -> Option<Self> {
+        let loader = loader_of(program, user)?;
+        let loader = Binary::open(&loader, user).ok()?;
         let (offset, state_offset) = debug_state(&loader)?;
         probes.set(names::LOADER_GATE, TO_STOP, pid).ok()?;
         // Where the probe cannot attach, the command runs unheld, as without this.
@@ -80,7 +84,7 @@ impl LoaderGate {
         }
         let _ = probes.set(names::LOADER_GATE, HELD, 0u32);
         probes.detach_process_uprobe(self.pid, PROGRAM);
-        let loader = self.loader.display();
+        let loader = self.loader.shown().display();
         let what = match held {
             Some(held) => format!(
                 "{loader} _dl_debug_state, the launched command's loader: stopped it there once its libraries \
@@ -96,13 +100,16 @@ impl LoaderGate {
     }
 }
 
-/// The loader `program` names (`PT_INTERP`); for a script, the loader sysprof itself runs
-/// with, which the interpreters a script names use as a rule.
-fn loader_of(program: &Path) -> Option<PathBuf> {
+/// The loader `program` names (`PT_INTERP`), read as `user`; for a script, the loader sysprof
+/// itself runs with, which the interpreters a script names use as a rule.
+fn loader_of(program: &Path, user: Option<&InvokingUser>) -> Option<PathBuf> {
+    let mut file = as_user(user, || open_regular(program, Links::Follow)).ok()?.ok()?;
     let mut magic = [0u8; 2];
-    File::open(program).ok()?.read_exact(&mut magic).ok()?;
-    let elf = if &magic == b"#!" { Path::new("/proc/self/exe") } else { program };
-    let cache = object::ReadCache::new(File::open(elf).ok()?);
+    file.read_exact(&mut magic).ok()?;
+    if &magic == b"#!" {
+        file = File::open("/proc/self/exe").ok()?;
+    }
+    let cache = object::ReadCache::new(file);
     let file = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
     let endian = file.endian();
     let interpreter = file
@@ -114,8 +121,8 @@ fn loader_of(program: &Path) -> Option<PathBuf> {
 
 /// Where to probe `_dl_debug_state` in `loader` (its file offset), and where `_r_debug.r_state`
 /// lies relative to the function (the probe's cookie: both are in the loader's one image).
-fn debug_state(loader: &Path) -> Option<(u64, u64)> {
-    let cache = object::ReadCache::new(File::open(loader).ok()?);
+fn debug_state(loader: &Binary) -> Option<(u64, u64)> {
+    let cache = object::ReadCache::new(loader.reopen().ok()?);
     let file = object::File::parse(&cache).ok()?;
     let symbol = |name: &str| {
         file.dynamic_symbols().find(|symbol| {
@@ -129,8 +136,8 @@ fn debug_state(loader: &Path) -> Option<(u64, u64)> {
 
 /// Whether the maps read at the command's exec hold `loader` (they do unless the program
 /// has none, or another).
-fn loader_mapped(processes: &ProcessTable, pid: u32, loader: &Path) -> bool {
-    let Some(id) = file_id(loader) else { return false };
+fn loader_mapped(processes: &ProcessTable, pid: u32, loader: &Binary) -> bool {
+    let Some(id) = loader.id() else { return false };
     processes.get(pid).and_then(|record| record.maps.as_ref()).is_some_and(|maps| {
         maps.mappings().iter().any(
             |mapping| matches!(&mapping.backing, Backing::File { open, .. } if file_id(open) == Some(id)),
@@ -161,7 +168,8 @@ mod tests {
 
     #[test]
     fn this_test_binary_s_loader_has_the_debug_interface() {
-        let loader = loader_of(Path::new("/proc/self/exe")).expect("a dynamically linked test binary");
+        let loader = loader_of(Path::new("/proc/self/exe"), None).expect("a dynamically linked test binary");
+        let loader = Binary::open(&loader, None).unwrap();
         let (offset, state_offset) = debug_state(&loader).expect("glibc's loader exports both symbols");
         assert!(offset > 0);
         assert_ne!(state_offset, 0);

@@ -5,8 +5,9 @@
 //! - what sysprof creates for the user, it creates *as* the user ([`InvokingUser::act`]: the
 //!   filesystem identity of one thread), so a path they control cannot redirect a write of
 //!   root's, and what they get is theirs from the start;
-//! - a file the user names is opened only if they could open it themselves
-//!   ([`InvokingUser::can_read`]);
+//! - a file the user names is opened as them, once, and only that descriptor is read after
+//!   (`uprobes::Binary::open`): a link they flip cannot have root open something else by the
+//!   same name; what their command runs and loads is looked for with their rights too;
 //! - a library sysprof loads into itself as root must be root's and writable by no one else
 //!   ([`trusted_library`]): its code would run as root.
 
@@ -93,6 +94,9 @@ impl InvokingUser {
     /// user's rights, and belong to them. Root's other threads keep theirs.
     pub fn act(&self) -> std::io::Result<ActingAs> {
         let saved = thread_groups()?;
+        // What to come back to (root's, unless a guard is held already: the outer one's).
+        // SAFETY: an invalid id (-1) changes nothing and returns the current one.
+        let saved_ids = unsafe { (libc::setfsuid(u32::MAX) as u32, libc::setfsgid(u32::MAX) as u32) };
         // The raw syscalls: glibc's setgroups changes every thread of the process.
         set_thread_groups(&self.groups)?;
         // SAFETY: setfsgid/setfsuid only change this thread's filesystem ids.
@@ -100,7 +104,7 @@ impl InvokingUser {
             libc::setfsgid(self.gid);
             libc::setfsuid(self.uid);
         }
-        let guard = ActingAs { saved, _one_thread: PhantomData };
+        let guard = ActingAs { saved, saved_ids, _one_thread: PhantomData };
         // Both calls return the previous id: an invalid id (-1) reads the current one.
         // SAFETY: as above; -1 changes nothing.
         let (fsuid, fsgid) = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
@@ -127,15 +131,17 @@ pub fn as_user<T>(user: Option<&InvokingUser>, f: impl FnOnce() -> T) -> std::io
 #[must_use]
 pub struct ActingAs {
     saved: Vec<libc::gid_t>,
+    /// The filesystem uid and gid before.
+    saved_ids: (u32, u32),
     _one_thread: PhantomData<*const ()>,
 }
 
 impl Drop for ActingAs {
     fn drop(&mut self) {
-        // SAFETY: back to root's filesystem ids on this thread.
+        // SAFETY: back to the filesystem ids before (root's) on this thread.
         unsafe {
-            libc::setfsuid(0);
-            libc::setfsgid(0);
+            libc::setfsuid(self.saved_ids.0);
+            libc::setfsgid(self.saved_ids.1);
         }
         let _ = set_thread_groups(&self.saved);
     }

@@ -24,7 +24,7 @@ use aya::{
 use serde::{Deserialize, Serialize};
 use sysprof_common::{Config, names};
 
-use crate::{error::Error, privileges, target_bits::TargetBits};
+use crate::{error::Error, privileges, target_bits::TargetBits, uprobes::Binary};
 
 /// The BPF object built from `sysprof-ebpf` by build.rs.
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
@@ -214,8 +214,9 @@ pub struct Probes {
     uprobe_links: Vec<UprobeLinkRecord>,
     /// Links being closed in the background (their process exited).
     closing: Vec<std::thread::JoinHandle<()>>,
-    /// Every file uprobes were attached to, as it was then: Part B checks it did not change.
-    probed_files: BTreeMap<PathBuf, FileStamp>,
+    /// Every file uprobes were attached to (by the path it is shown by), held open, and as it
+    /// was then: Part B checks it did not change.
+    probed_files: BTreeMap<PathBuf, (Binary, FileStamp)>,
     /// Whether the target is exactly a set of processes and what they start (`--pid`, a
     /// command): the kernel's per-task fault counters then count its faults, from the start
     /// of each thread or of the trace (see `attach_page_faults`).
@@ -269,9 +270,9 @@ struct FileStamp {
 }
 
 impl FileStamp {
-    fn of(path: &std::path::Path) -> Option<Self> {
+    fn of(file: &std::fs::File) -> Option<Self> {
         use std::os::unix::fs::MetadataExt as _;
-        let meta = std::fs::metadata(path).ok()?;
+        let meta = file.metadata().ok()?;
         Some(FileStamp {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -647,11 +648,11 @@ impl Probes {
     /// every process (the programs filter targets in the kernel, children included); returns
     /// how many links each program got. The return probe goes first: a call caught entering
     /// but not returning would look open forever.
-    pub fn attach_calls(&mut self, path: &std::path::Path, points: &[(u64, u64)]) -> anyhow::Result<u32> {
-        self.attach_functions(&["call_return", "call_enter"], path, points, None)
+    pub fn attach_calls(&mut self, file: &Binary, points: &[(u64, u64)]) -> anyhow::Result<u32> {
+        self.attach_functions(&["call_return", "call_enter"], file, points, None)
     }
 
-    /// Attaches `programs`, in order, at each `(offset, cookie)` of `path`, for every process
+    /// Attaches `programs`, in order, at each `(offset, cookie)` of `file`, for every process
     /// or process `pid` only; returns how many links each program got. One multi-uprobe link
     /// per program where the kernel has them (`uprobe_program`), else a perf-event uprobe per
     /// point: each link's removal waits for kernel grace periods (two, ~110 ms here, under a
@@ -661,7 +662,7 @@ impl Probes {
     pub fn attach_functions(
         &mut self,
         programs: &[&'static str],
-        path: &std::path::Path,
+        file: &Binary,
         points: &[(u64, u64)],
         pid: Option<u32>,
     ) -> anyhow::Result<u32> {
@@ -670,23 +671,24 @@ impl Probes {
         }
         let chosen: Vec<&str> = programs.iter().map(|&program| self.uprobe_program(program, pid)).collect();
         if chosen.iter().zip(programs).all(|(chosen, program)| chosen != program) {
-            self.attach_uprobes(&chosen, path, points, pid)?;
+            self.attach_uprobes(&chosen, file, points, pid)?;
             return Ok(1);
         }
         for &point in points {
-            self.attach_uprobes(programs, path, &[point], pid)?;
+            self.attach_uprobes(programs, file, &[point], pid)?;
         }
         Ok(points.len() as u32)
     }
 
-    /// Attaches uprobe programs, in order, at each `(offset, cookie)` of `path` (one link per
+    /// Attaches uprobe programs, in order, at each `(offset, cookie)` of `file` (one link per
     /// program: give several points to a program from a multi-uprobe section only): for every
     /// process (the programs filter targets in the kernel), or for process `pid` only, whose
-    /// memory alone then gets the breakpoints (see `detach_process_uprobes`).
+    /// memory alone then gets the breakpoints (see `detach_process_uprobes`). The kernel is
+    /// given the open file's own path (`Binary::path`), never a name to look up again.
     fn attach_uprobes(
         &mut self,
         programs: &[&str],
-        path: &std::path::Path,
+        file: &Binary,
         points: &[(u64, u64)],
         pid: Option<u32>,
     ) -> anyhow::Result<()> {
@@ -703,7 +705,7 @@ impl Probes {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie: Some(cookie),
             });
-            let link = program.attach(located, path, scope).map_err(|error| {
+            let link = program.attach(located, file.path(), scope).map_err(|error| {
                 let perf_event = !MULTI_COPIES.iter().any(|&(_, copy)| copy == name);
                 let hint = if perf_event
                     && os_error(&error) == Some(libc::EACCES)
@@ -718,14 +720,14 @@ impl Probes {
                     [(offset, _)] => format!("at {offset:#x}"),
                     _ => format!("at {} functions", points.len()),
                 };
-                anyhow!("attaching {name} {at} in {}: {cause:#}{hint}", path.display())
+                anyhow!("attaching {name} {at} in {}: {cause:#}{hint}", file.shown().display())
             })?;
             self.uprobe_links.push(UprobeLinkRecord { pid, program: name.to_string(), id: link });
         }
-        if !self.probed_files.contains_key(path)
-            && let Some(stamp) = FileStamp::of(path)
+        if !self.probed_files.contains_key(file.shown())
+            && let Some(stamp) = FileStamp::of(file.file())
         {
-            self.probed_files.insert(path.to_path_buf(), stamp);
+            self.probed_files.insert(file.shown().to_path_buf(), (file.clone(), stamp));
         }
         Ok(())
     }
@@ -857,24 +859,27 @@ impl Probes {
     /// The probed files that changed since they were probed (size, modification time or the
     /// file itself), each with what changed. sysprof opens them read-only and its uprobes live
     /// in the kernel's copy of their pages, so this is checked, not assumed: a change is
-    /// someone else's, and the report says so.
+    /// someone else's, and the report says so. The file probed is asked through its descriptor;
+    /// what its path names now, with the rights it was opened with (through sudo, a path the
+    /// user named never has root look behind it: `Binary::named_now`).
     pub fn probed_files_changed(&self) -> Vec<String> {
         self.probed_files
             .iter()
-            .filter_map(|(path, before)| {
-                let now = FileStamp::of(path);
-                let what = match now {
-                    None => "removed".to_string(),
-                    Some(now) if (now.dev, now.ino) != (before.dev, before.ino) => {
-                        "replaced by another file".into()
-                    }
-                    Some(now) if now.size != before.size => {
+            .filter_map(|(path, (file, before))| {
+                let named = file.named_now();
+                let now = FileStamp::of(file.file());
+                let what = match (named, now) {
+                    (Err(error), _) if error.kind() == std::io::ErrorKind::NotFound => "removed".to_string(),
+                    (Err(error), _) => format!("no longer reachable by its path ({error})"),
+                    (Ok(named), _) if named != (before.dev, before.ino) => "replaced by another file".into(),
+                    (Ok(_), None) => return None,
+                    (Ok(_), Some(now)) if now.size != before.size => {
                         format!("size {} -> {} bytes", before.size, now.size)
                     }
-                    Some(now) if now.mtime != before.mtime => {
+                    (Ok(_), Some(now)) if now.mtime != before.mtime => {
                         "modified (its modification time changed)".into()
                     }
-                    Some(_) => return None,
+                    (Ok(_), Some(_)) => return None,
                 };
                 Some(format!("{}: {what}", path.display()))
             })

@@ -319,6 +319,9 @@ pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Famil
     let (report, profiles, mut files) =
         crate::analysis::replay_keeping(&bytes, focus).with_context(|| path.display().to_string())?;
     let mut out = OutputDir::prepare(output.unwrap_or(dir), user)?;
+    for note in out.notes() {
+        crate::terminal::say!("{note}");
+    }
     // The read-out stays where it is; a copy goes with the files rendered elsewhere.
     if output.is_some_and(|o| o != dir) {
         files.push(Rendered { name: recording::FILE_NAME.into(), bytes });
@@ -359,7 +362,7 @@ fn write_all(
                 .chain([output::json::size(&report)? as usize])
                 .map(|bytes| on_disk(bytes, block) + block)
                 .sum();
-            Some(Room { free, block, left: free.saturating_sub(2 * reports) })
+            Some(Room { block, left: free.saturating_sub(2 * reports) })
         }
         None => None,
     };
@@ -417,7 +420,6 @@ fn on_disk(bytes: usize, block: u64) -> u64 {
 
 /// The room the output's filesystem had for the files after the reports.
 struct Room {
-    free: u64,
     block: u64,
     left: u64,
 }
@@ -436,11 +438,20 @@ impl Writer<'_> {
         if let Some(room) = &mut self.room {
             let needs = on_disk(file.bytes.len(), room.block);
             if needs > room.left {
+                // What was free then, not at the start: the reports and the files before took
+                // their part. Of that, what is kept for the report that names this one.
+                let free = self.output.room().map_or(room.left, |(free, _)| free);
+                let kept = free.saturating_sub(room.left);
                 let reason = format!(
-                    "it needs {} and {} had {} free",
+                    "it needs {} and {} had {} free{}",
                     report::format::bytes(needs),
                     self.output.path().display(),
-                    report::format::bytes(room.free)
+                    report::format::bytes(free),
+                    if kept > 0 {
+                        format!(", {} of it kept for the report to say so", report::format::bytes(kept))
+                    } else {
+                        String::new()
+                    }
                 );
                 self.skipped.push((file.name.clone(), reason));
                 return;

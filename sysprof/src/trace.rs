@@ -19,6 +19,7 @@ use crate::{
     families,
     funcs::FuncTracer,
     gpu::{GpuTracer, nvml},
+    input::InputError,
     launch::GatedChild,
     loader_gate::LoaderGate,
     memory::{self, heap::HeapTracer},
@@ -32,6 +33,7 @@ use crate::{
     terminal::say,
     timeline,
     unwind::Unwinder,
+    uprobes::{Binary, Named},
 };
 
 /// Syscalls a thread makes in one stretch on a CPU beyond which latency is sampled.
@@ -69,7 +71,7 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
     if !privileges::can_trace() {
         return Err(Error::NotPrivileged.into());
     }
-    check_user_paths(&config)?;
+    let named = open_named_files(&config)?;
     let resolved = target::resolve(&config.target)?;
     let output = OutputDir::prepare(&config.output_dir, config.invoking_user.clone())?;
     let say = |line: &str| {
@@ -77,7 +79,7 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
             say!("{line}");
         }
     };
-    for note in &resolved.notes {
+    for note in resolved.notes.iter().chain(output.notes()) {
         say(note);
     }
     if config.stack_storage_size > sysprof_common::capacity::STACKS {
@@ -105,7 +107,7 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
     // What the later stages need of the configuration, decided once.
     let props = ReportProps::of(&config);
     let bpf_config = kernel_config(&config, &props, &resolved, offsets);
-    let preflight = Preflight { props, resolved, bpf_config, output, limitations, tracepoint_ids };
+    let preflight = Preflight { props, resolved, bpf_config, output, limitations, tracepoint_ids, named };
     run(config, preflight, stop).await
 }
 
@@ -113,28 +115,50 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
 /// perf_event_max_stack, which sizes each entry) and the bucket's header.
 const STACK_ENTRY_BYTES: u64 = 127 * 8 + 16;
 
-/// Through sudo, the files the user names are opened only if they could open them themselves,
-/// and, as root, a library sysprof loads into itself only if no one but root can change it.
-fn check_user_paths(config: &TraceConfig) -> Result<(), Error> {
-    if let Some(user) = &config.invoking_user {
-        if config.command_as_root {
-            return Err(Error::AsRootUnderSudo { user: user.name.clone() });
-        }
-        let named = config.gpu_libraries.iter().chain(config.nvml_library.iter()).cloned();
-        let binaries = config.functions.iter().filter_map(|f| f.path()).map(Path::to_path_buf);
-        for path in named.chain(binaries) {
-            if !user.can_read(&path) {
-                return Err(Error::NotReadableByUser { path, user: user.name.clone() });
-            }
-        }
-    }
-    // A missing one is NVML's one line later, like any library that is not there.
-    if let Some(library) = config.nvml_library.as_ref().filter(|library| library.exists())
-        && privileges::is_root()
+/// The files named on the command line, each opened once, with the rights of the user who
+/// named them through sudo: what is read and probed later is the file opened here, whatever
+/// its path names by then (`uprobes::Binary`). Through sudo a file they cannot open is refused
+/// at once; as root, its problem is said where it would have been probed. And, as root, a
+/// library sysprof loads into itself only if no one but root can change it.
+fn open_named_files(config: &TraceConfig) -> Result<NamedFiles, Error> {
+    let user = config.invoking_user.as_ref();
+    if let Some(user) = user
+        && config.command_as_root
     {
-        privileges::trusted_library(library).map_err(|reason| Error::UntrustedLibrary { reason })?;
+        return Err(Error::AsRootUnderSudo { user: user.name.clone() });
     }
-    Ok(())
+    let open = |path: &Path| -> Result<Named, Error> {
+        match (Binary::open(path, user), user) {
+            (Ok(file), _) => Ok(Ok(file)),
+            (Err(InputError::Io { .. }), Some(user)) => {
+                Err(Error::NotReadableByUser { path: path.to_path_buf(), user: user.name.clone() })
+            }
+            (Err(error), Some(_)) => Err(Error::Unreadable(error)),
+            (Err(error), None) => Ok(Err((path.to_path_buf(), error.to_string()))),
+        }
+    };
+    let gpu = config.gpu_libraries.iter().map(|path| open(path)).collect::<Result<_, _>>()?;
+    let functions =
+        config.functions.iter().map(|spec| spec.path().map(open).transpose()).collect::<Result<_, _>>()?;
+    // A missing one is NVML's one line later, like any library that is not there.
+    if let Some(library) = &config.nvml_library {
+        match nvml::locate(Some(library), user) {
+            Err(nvml::Unloadable::Unreadable { path, user }) => {
+                return Err(Error::NotReadableByUser { path, user });
+            }
+            Err(nvml::Unloadable::Untrusted(reason)) => return Err(Error::UntrustedLibrary { reason }),
+            Ok(_) | Err(nvml::Unloadable::Missing(_)) => {}
+        }
+    }
+    Ok(NamedFiles { gpu, functions })
+}
+
+/// The files named on the command line, opened (see `open_named_files`).
+struct NamedFiles {
+    /// `--cuda-lib`, `--nccl-lib`.
+    gpu: Vec<Named>,
+    /// Each `--func`'s file, where it names a path.
+    functions: Vec<Option<Named>>,
 }
 
 /// The configuration baked into the BPF object.
@@ -202,11 +226,14 @@ struct Preflight {
     limitations: Vec<String>,
     /// Where the kernel's BTF has the tracepoints (`None` without kernel BTF).
     tracepoint_ids: Option<TracepointIds>,
+    named: NamedFiles,
 }
 
 async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::Result<TraceOutcome> {
-    let Preflight { mut props, mut resolved, bpf_config, output, mut limitations, tracepoint_ids } =
+    let Preflight { mut props, mut resolved, bpf_config, output, mut limitations, tracepoint_ids, named } =
         preflight;
+    // Whom a launched command runs as, and so whose rights find and open its files.
+    let user = config.invoking_user.as_ref();
     let started_at = SystemTime::now();
 
     // The targets' memory maps first, before anything is attached: a target that exits while
@@ -252,8 +279,8 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
         unwinder.settle(&mut probes, &mut processes, UNWIND_SETTLE);
     }
     let mut tracers = UprobeTracers {
-        gpu: on.gpu.then(|| GpuTracer::new(config.gpu_libraries.clone(), resolved.filter == filter::ALL)),
-        funcs: FuncTracer::new(config.functions.clone()),
+        gpu: on.gpu.then(|| GpuTracer::new(named.gpu, resolved.filter == filter::ALL)),
+        funcs: FuncTracer::new(config.functions.clone(), named.functions),
         heap: heap.then(|| HeapTracer::new(resolved.filter == filter::ALL)),
         seen_maps: 0,
     };
@@ -284,7 +311,7 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
             let gated = GatedChild::spawn(argv, run_as)?;
             probes.add_target_process(gated.pid())?;
             if let Some(unwinder) = &mut unwinder {
-                unwinder.prepare(gated.program());
+                unwinder.prepare(gated.program(), user);
             }
             Some(gated)
         }
@@ -313,17 +340,17 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     if let Some(gpu) = &mut tracers.gpu {
         gpu.attach_initial(&mut probes, &processes);
         if let Some(gated) = &gated {
-            gpu.attach_needed(&mut probes, gated.program());
+            gpu.attach_needed(&mut probes, gated.program(), user);
         }
     }
     if let Some(heap) = &mut tracers.heap {
         if let Some(gated) = &gated {
-            heap.attach_needed(&mut probes, gated.pid(), gated.program());
+            heap.attach_needed(&mut probes, gated.pid(), gated.program(), user);
         }
         heap.attach_new(&mut probes, &processes, 0);
     }
     if let Some(gated) = &gated {
-        tracers.funcs.attach_for_program(&mut probes, gated.program());
+        tracers.funcs.attach_for_program(&mut probes, gated.program(), user);
     }
     tracers.funcs.attach_ready(&mut probes, &processes, 0);
     let ticks_at_start = CpuTicks::now();
@@ -352,7 +379,8 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
             let pid = gated.pid();
             // Stacks through code without frame pointers need the unwinder's entries for the
             // command's libraries, written once its loader has mapped them: it waits there.
-            let hold = unwinder.as_ref().and_then(|_| LoaderGate::arm(&mut probes, pid, gated.program()));
+            let hold =
+                unwinder.as_ref().and_then(|_| LoaderGate::arm(&mut probes, pid, gated.program(), user));
             let watch = gated.release()?;
             processes.await_exec(pid, EXEC_WAIT);
             if let Some(hold) = hold {
@@ -391,7 +419,7 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     // GPU metrics: polled beside the trace when NVML is there.
     let mut nvml_run = None;
     if on.gpu {
-        match nvml::open(config.nvml_library.as_deref()) {
+        match nvml::open(config.nvml_library.as_deref(), user) {
             Ok(nvml) => {
                 let topology = nvml::topology::read(&nvml);
                 nvml_run = Some((nvml::Poller::start(nvml, config.gpu_interval), topology));

@@ -13,17 +13,21 @@ use sysprof_common::{CallKey, CallStats};
 use crate::{
     callsites::Names,
     latency::{self, Percentiles},
+    privileges::InvokingUser,
     probes::Probes,
     procmaps::Backing,
     procs::ProcessTable,
     recording::ProbeShare,
-    uprobes::{CallProbes, FuncSpec, USER_FUNCTION_BASE},
+    uprobes::{Binary, CallProbes, FuncSpec, Named, USER_FUNCTION_BASE},
 };
 
 /// Attaches the requested functions when their binaries are known.
 #[derive(Debug, Default)]
 pub struct FuncTracer {
     specs: Vec<FuncSpec>,
+    /// The file of each spec that names a path, opened at the start as the user who named it
+    /// (`None` for a name, found later).
+    named: Vec<Option<Named>>,
     /// The file each spec resolved to, once attached.
     attached: Vec<Option<PathBuf>>,
     /// Whether the kernel emulates each attached function's first instruction
@@ -71,43 +75,63 @@ impl FuncRow {
 }
 
 impl FuncTracer {
-    pub fn new(specs: Vec<FuncSpec>) -> Self {
+    /// `named` holds, for each spec, its file when the spec names a path (see `Named`).
+    pub fn new(specs: Vec<FuncSpec>, named: Vec<Option<Named>>) -> Self {
         let attached = vec![None; specs.len()];
         let entry_emulated = vec![None; specs.len()];
-        FuncTracer { specs, attached, entry_emulated, probes: CallProbes::default(), problems: Vec::new() }
+        FuncTracer {
+            specs,
+            named,
+            attached,
+            entry_emulated,
+            probes: CallProbes::default(),
+            problems: Vec::new(),
+        }
     }
 
     /// Attaches the specs whose binary can be found now: paths at once, names once the target
     /// maps a file of that name.
     pub fn attach_ready(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) {
-        self.attach_found(probes, |name| find_mapped(processes, version, name));
+        self.attach_found(probes, |name| {
+            let (path, open) = find_mapped(processes, version, name)?;
+            Some(Binary::open(&open, None).map_err(|error| (path, error.to_string())))
+        });
     }
 
-    /// Attaches the specs that name a launched program or a library it needs, before it runs.
-    pub fn attach_for_program(&mut self, probes: &mut Probes, program: &Path) {
+    /// Attaches the specs that name a launched program or a library it needs, before it runs:
+    /// found and opened as `user`, whom the command runs as (the files its loader would load).
+    pub fn attach_for_program(&mut self, probes: &mut Probes, program: &Path, user: Option<&InvokingUser>) {
         let mut files = vec![program.to_path_buf()];
         if self.specs.iter().any(|spec| !spec.binary.contains('/')) {
-            files.extend(crate::uprobes::needed::needed_libraries(program));
+            files.extend(crate::uprobes::needed::needed_libraries(program, user));
         }
-        self.attach_found(probes, |name| files.iter().find(|file| file_matches(file, name)).cloned());
+        self.attach_found(probes, |name| {
+            let path = files.iter().find(|file| file_matches(file, name))?;
+            Some(Binary::open(path, user).map_err(|error| (path.clone(), error.to_string())))
+        });
     }
 
-    fn attach_found(&mut self, probes: &mut Probes, find: impl Fn(&str) -> Option<PathBuf>) {
+    fn attach_found(&mut self, probes: &mut Probes, find: impl Fn(&str) -> Option<Named>) {
         for index in 0..self.specs.len() {
             if self.attached[index].is_some() {
                 continue;
             }
             let spec = self.specs[index].clone();
-            let path = if spec.binary.contains('/') {
-                Some(PathBuf::from(&spec.binary))
-            } else {
-                find(&spec.binary)
+            let file = match self.named.get(index).cloned().flatten() {
+                Some(named) => named,
+                None if spec.binary.contains('/') => continue,
+                None => match find(&spec.binary) {
+                    Some(found) => found,
+                    None => continue,
+                },
             };
-            let Some(path) = path else { continue };
             let id = USER_FUNCTION_BASE + index as u32;
-            match self.probes.attach_user_function(probes, &path, &spec.symbol, id) {
-                Ok(emulated) => {
-                    self.attached[index] = Some(path);
+            let attached = file.map_err(|(_, error)| anyhow::anyhow!(error)).and_then(|file| {
+                Ok((self.probes.attach_user_function(probes, &file, &spec.symbol, id)?, file))
+            });
+            match attached {
+                Ok((emulated, file)) => {
+                    self.attached[index] = Some(file.shown().to_path_buf());
                     self.entry_emulated[index] = emulated;
                 }
                 Err(error) => {
@@ -190,11 +214,14 @@ pub fn rows(
         .collect()
 }
 
-/// A file the target maps whose name is `name` (or starts with it: `libc.so` finds libc.so.6).
-fn find_mapped(processes: &ProcessTable, version: u64, name: &str) -> Option<PathBuf> {
+/// A file the target maps whose name is `name` (or starts with it: `libc.so` finds libc.so.6):
+/// its path as the target saw it, and where sysprof opens it.
+fn find_mapped(processes: &ProcessTable, version: u64, name: &str) -> Option<(PathBuf, PathBuf)> {
     processes.changed_since(version).find_map(|(_, record)| {
         record.maps.as_ref()?.mappings().iter().find_map(|mapping| match &mapping.backing {
-            Backing::File { path, open } if file_matches(path, name) => Some(open.to_path_buf()),
+            Backing::File { path, open } if file_matches(path, name) => {
+                Some((path.to_path_buf(), open.to_path_buf()))
+            }
             _ => None,
         })
     })

@@ -23,6 +23,15 @@ impl Library {
             Library::Nccl => "libnccl.so",
         }
     }
+
+    /// What Part B and the problems call it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Library::Runtime => "CUDA runtime",
+            Library::Driver => "CUDA driver",
+            Library::Nccl => "NCCL",
+        }
+    }
 }
 
 /// Copy direction, as `cudaMemcpyKind` numbers them.

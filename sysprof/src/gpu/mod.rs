@@ -20,10 +20,11 @@ use self::{
     state::GpuState,
 };
 use crate::{
+    privileges::InvokingUser,
     probes::Probes,
     procmaps::Backing,
     procs::ProcessTable,
-    uprobes::{self, CallProbes, elf},
+    uprobes::{self, Binary, CallProbes, Named, elf},
 };
 
 /// Where CUDA and NCCL usually live, searched in system-wide traces.
@@ -50,8 +51,8 @@ pub struct ProbedLibrary {
 #[derive(Debug)]
 pub struct GpuTracer {
     probes: CallProbes,
-    /// Libraries named on the command line (--cuda-lib, --nccl-lib).
-    overrides: Vec<PathBuf>,
+    /// Libraries named on the command line (--cuda-lib, --nccl-lib), opened at the start.
+    overrides: Vec<Named>,
     system_wide: bool,
     /// Files already looked at (probed, or not a GPU library).
     seen: HashSet<PathBuf>,
@@ -64,7 +65,7 @@ pub struct GpuTracer {
 }
 
 impl GpuTracer {
-    pub fn new(overrides: Vec<PathBuf>, system_wide: bool) -> Self {
+    pub fn new(overrides: Vec<Named>, system_wide: bool) -> Self {
         GpuTracer {
             probes: CallProbes::default(),
             overrides,
@@ -80,10 +81,17 @@ impl GpuTracer {
     /// Probes the libraries named on the command line, the usual install locations for
     /// system-wide traces, and whatever the target has mapped so far.
     pub fn attach_initial(&mut self, probes: &mut Probes, processes: &ProcessTable) {
-        for path in self.overrides.clone() {
-            match library_of(&path) {
-                Some(library) => self.attach(probes, library, &path),
-                None => self.problems.push(format!(
+        for named in self.overrides.clone() {
+            let path = match &named {
+                Ok(file) => file.shown().to_path_buf(),
+                Err((path, _)) => path.clone(),
+            };
+            match (library_of(&path), named) {
+                (Some(library), Ok(file)) => self.attach(probes, library, &file),
+                (Some(library), Err((_, error))) => {
+                    self.problems.push(format!("{} {error}", library.label()))
+                }
+                (None, _) => self.problems.push(format!(
                     "{} is not named like libcudart.so*, libcuda.so* or libnccl.so*: not probed",
                     path.display()
                 )),
@@ -91,8 +99,10 @@ impl GpuTracer {
         }
         if self.system_wide {
             for path in installed_libraries() {
-                if let Some(library) = library_of(&path) {
-                    self.attach(probes, library, &path);
+                if let Some(library) = library_of(&path)
+                    && let Ok(file) = Binary::open(&path, None)
+                {
+                    self.attach(probes, library, &file);
                 }
             }
         }
@@ -100,22 +110,26 @@ impl GpuTracer {
     }
 
     /// Probes the GPU libraries a program will load at start, before it runs (a launched
-    /// command is still at its gate).
-    pub fn attach_needed(&mut self, probes: &mut Probes, program: &Path) {
-        for path in uprobes::needed::needed_libraries(program) {
-            if let Some(library) = library_of(&path) {
-                self.attach(probes, library, &path);
+    /// command is still at its gate): found and opened as `user`, whom the command runs as.
+    pub fn attach_needed(&mut self, probes: &mut Probes, program: &Path, user: Option<&InvokingUser>) {
+        for path in uprobes::needed::needed_libraries(program, user) {
+            if let Some(library) = library_of(&path)
+                && let Ok(file) = Binary::open(&path, user)
+            {
+                self.attach(probes, library, &file);
             }
         }
-        if links_cudart_statically(program) {
-            self.attach(probes, Library::Runtime, program);
+        if let Ok(file) = Binary::open(program, user)
+            && links_cudart_statically(&file)
+        {
+            self.attach(probes, Library::Runtime, &file);
         }
     }
 
     /// Probes GPU libraries that appeared in the target's memory maps since `version` (see
     /// `ProcessTable::changed_since`).
     pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) {
-        let mut found: Vec<(Library, PathBuf)> = Vec::new();
+        let mut found: Vec<(Library, Binary)> = Vec::new();
         for (_, record) in processes.changed_since(version) {
             let Some(maps) = &record.maps else { continue };
             for mapping in maps.mappings() {
@@ -124,26 +138,24 @@ impl GpuTracer {
                     continue;
                 }
                 self.seen.insert(open.to_path_buf());
-                match library_of(open) {
-                    Some(library) => found.push((library, open.to_path_buf())),
+                let library = library_of(open);
+                let candidate = library.is_some() || (mapping.file_offset == 0 && !is_shared_library(open));
+                let Some(file) = candidate.then(|| Binary::open(open, None).ok()).flatten() else { continue };
+                match library {
+                    Some(library) => found.push((library, file)),
                     // An executable that links the runtime statically exports its API.
-                    None if mapping.file_offset == 0
-                        && !is_shared_library(open)
-                        && links_cudart_statically(open) =>
-                    {
-                        found.push((Library::Runtime, open.to_path_buf()))
-                    }
+                    None if links_cudart_statically(&file) => found.push((Library::Runtime, file)),
                     None => {}
                 }
             }
         }
-        for (library, path) in found {
-            self.attach(probes, library, &path);
+        for (library, file) in found {
+            self.attach(probes, library, &file);
         }
     }
 
-    fn attach(&mut self, probes: &mut Probes, library: Library, path: &Path) {
-        if self.probes.has(path) {
+    fn attach(&mut self, probes: &mut Probes, library: Library, file: &Binary) {
+        if self.probes.has(file) {
             return;
         }
         let names: Vec<(String, u32, u64)> = FUNCTIONS
@@ -159,17 +171,13 @@ impl GpuTracer {
             .collect();
         let borrowed: Vec<(&str, u32, u64)> =
             names.iter().map(|(n, id, flags)| (n.as_str(), *id, *flags)).collect();
-        let label = match library {
-            Library::Runtime => "CUDA runtime",
-            Library::Driver => "CUDA driver",
-            Library::Nccl => "NCCL",
-        };
-        match self.probes.attach_functions(probes, path, &borrowed, label) {
+        let label = library.label();
+        match self.probes.attach_functions(probes, file, &borrowed, label) {
             Ok(0) => {}
             Ok(functions) => {
-                self.libraries.push(ProbedLibrary { library, path: path.to_path_buf(), functions })
+                self.libraries.push(ProbedLibrary { library, path: file.shown().to_path_buf(), functions })
             }
-            Err(error) => self.problems.push(format!("{label} {}: {error:#}", path.display())),
+            Err(error) => self.problems.push(format!("{label} {}: {error:#}", file.shown().display())),
         }
     }
 }
@@ -189,8 +197,11 @@ fn is_shared_library(path: &Path) -> bool {
 }
 
 /// Whether an executable exports the CUDA runtime API (static cudart).
-fn links_cudart_statically(path: &Path) -> bool {
-    elf::exported_functions(path).is_ok_and(|exports| exports.contains_key("cudaMalloc"))
+fn links_cudart_statically(file: &Binary) -> bool {
+    file.reopen()
+        .ok()
+        .and_then(|opened| elf::exports_of(opened, file.shown()).ok())
+        .is_some_and(|exports| exports.contains_key("cudaMalloc"))
 }
 
 /// CUDA and NCCL libraries in the usual install locations.

@@ -12,10 +12,11 @@ use serde::Serialize;
 use sysprof_common::alloc;
 
 use crate::{
+    privileges::InvokingUser,
     probes::Probes,
     procmaps::Backing,
     procs::ProcessTable,
-    uprobes::{self, CallProbes, calibrate, elf, needed},
+    uprobes::{self, Binary, CallProbes, calibrate, elf, needed},
 };
 
 /// The allocating functions and what the kernel side reads of their arguments (the cookie).
@@ -85,6 +86,8 @@ pub struct HeapTracer {
     /// Target processes given probes so far (exited ones included).
     probed_processes: usize,
     pub allocators: Vec<ProbedAllocator>,
+    /// The identity of each file in `allocators`.
+    allocator_files: HashSet<(u64, u64)>,
     pub problems: Vec<String>,
 }
 
@@ -97,6 +100,7 @@ impl HeapTracer {
             attached_pids: HashSet::new(),
             probed_processes: 0,
             allocators: Vec::new(),
+            allocator_files: HashSet::new(),
             problems: Vec::new(),
         }
     }
@@ -104,7 +108,7 @@ impl HeapTracer {
     /// Probes the allocators each live target process whose maps changed since `version` has
     /// mapped, where not done yet (see `ProcessTable::changed_since`).
     pub fn attach_new(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) {
-        let mut found: Vec<(u32, &'static str, PathBuf)> = Vec::new();
+        let mut found: Vec<(u32, &'static str, Binary)> = Vec::new();
         for (pid, record) in processes.changed_since(version).filter(|(_, record)| !record.exited) {
             let Some(maps) = &record.maps else { continue };
             for mapping in maps.mappings() {
@@ -113,36 +117,51 @@ impl HeapTracer {
                 if self.done.contains(&(self.scope_pid(pid), file)) {
                     continue;
                 }
-                if let Some(allocator) = allocator_of(open) {
-                    found.push((pid, allocator, open.to_path_buf()));
-                } else if mapping.file_offset == 0
-                    && !is_shared_library(open)
-                    && self.probes.exports(open).is_ok_and(|e| e.contains_key("malloc"))
-                {
+                let allocator = allocator_of(open);
+                let candidate = allocator.is_some() || (mapping.file_offset == 0 && !is_shared_library(open));
+                let opened = candidate.then(|| Binary::open(open, None).ok()).flatten();
+                match (allocator, opened) {
+                    (Some(allocator), Some(opened)) => found.push((pid, allocator, opened)),
                     // A program with its own allocator linked in (static binaries, jemalloc
                     // built into a server).
-                    found.push((pid, LINKED_IN, open.to_path_buf()));
-                } else {
+                    (None, Some(opened))
+                        if self.probes.exports(&opened).is_ok_and(|e| e.contains_key("malloc")) =>
+                    {
+                        found.push((pid, LINKED_IN, opened))
+                    }
                     // Not an allocator: never looked at again.
-                    self.done.insert((self.scope_pid(pid), file));
+                    _ => {
+                        self.done.insert((self.scope_pid(pid), file));
+                    }
                 }
             }
         }
-        for (pid, allocator, path) in found {
-            self.attach(probes, pid, allocator, &path);
+        for (pid, allocator, file) in found {
+            self.attach(probes, pid, allocator, &file);
         }
     }
 
     /// Probes the allocator a launched program (`pid`, still at its gate) will load, before it
-    /// runs.
-    pub fn attach_needed(&mut self, probes: &mut Probes, pid: u32, program: &Path) {
-        for path in needed::needed_libraries(program) {
-            if let Some(allocator) = allocator_of(&path) {
-                self.attach(probes, pid, allocator, &path);
+    /// runs: found and opened as `user`, whom the command runs as.
+    pub fn attach_needed(
+        &mut self,
+        probes: &mut Probes,
+        pid: u32,
+        program: &Path,
+        user: Option<&InvokingUser>,
+    ) {
+        for path in needed::needed_libraries(program, user) {
+            if let Some(allocator) = allocator_of(&path)
+                && let Ok(file) = Binary::open(&path, user)
+            {
+                self.attach(probes, pid, allocator, &file);
             }
         }
-        if defines_malloc(program) {
-            self.attach(probes, pid, LINKED_IN, program);
+        if !is_shared_library(program)
+            && let Ok(file) = Binary::open(program, user)
+            && defines_malloc(&file)
+        {
+            self.attach(probes, pid, LINKED_IN, &file);
         }
     }
 
@@ -163,8 +182,9 @@ impl HeapTracer {
         if self.system_wide { 0 } else { pid }
     }
 
-    fn attach(&mut self, probes: &mut Probes, pid: u32, allocator: &'static str, path: &Path) {
-        let Some(file) = uprobes::file_id(path) else { return };
+    fn attach(&mut self, probes: &mut Probes, pid: u32, allocator: &'static str, binary: &Binary) {
+        let Some(file) = binary.id() else { return };
+        let path = binary.shown();
         if !self.done.insert((self.scope_pid(pid), file)) {
             return;
         }
@@ -181,7 +201,7 @@ impl HeapTracer {
             }
         }
         let owner = (!self.system_wide).then_some(pid);
-        match attach_allocator(&mut self.probes, probes, path, owner) {
+        match attach_allocator(&mut self.probes, probes, binary, owner) {
             Ok((functions, ..)) if functions.is_empty() => {}
             Ok((functions, allocating, entry_stepped)) => {
                 let whom = if self.system_wide { "every process" } else { "each target process" };
@@ -208,7 +228,7 @@ impl HeapTracer {
                 if let Some(pid) = owner {
                     self.attached_pids.insert(pid);
                 }
-                if !self.allocators.iter().any(|a| uprobes::file_id(&a.path) == Some(file)) {
+                if self.allocator_files.insert(file) {
                     self.allocators.push(ProbedAllocator {
                         allocator: allocator.to_string(),
                         path: path.to_path_buf(),
@@ -237,10 +257,11 @@ const LINKED_IN: &str = "linked into the program";
 fn attach_allocator(
     known: &mut CallProbes,
     probes: &mut Probes,
-    path: &Path,
+    file: &Binary,
     pid: Option<u32>,
 ) -> anyhow::Result<(Vec<String>, u32, EntriesStepped)> {
-    let exports = known.exports(path)?;
+    let exports = known.exports(file)?;
+    let path = file.path();
     let mut functions = Vec::new();
     // Aliases (memalign and aligned_alloc in some glibc versions) share an address: one probe.
     let mut offsets: HashMap<u64, &str> = HashMap::new();
@@ -263,9 +284,9 @@ fn attach_allocator(
         points.push((entry.offset, kind));
         functions.push(name.to_string());
     }
-    let links = probes.attach_functions(&ALLOC_PROGRAMS, path, &points, pid)?;
+    let links = probes.attach_functions(&ALLOC_PROGRAMS, file, &points, pid)?;
     if let Some(free) = entry(FREEING) {
-        probes.attach_functions(&[FREE_PROGRAM], path, &[(free.offset, 0)], pid)?;
+        probes.attach_functions(&[FREE_PROGRAM], file, &[(free.offset, 0)], pid)?;
         functions.push(FREEING.to_string());
         entry_stepped.free = stepped(free);
     }
@@ -333,9 +354,13 @@ fn is_shared_library(path: &Path) -> bool {
 }
 
 /// Whether an executable (not a shared library) defines malloc itself.
-fn defines_malloc(path: &Path) -> bool {
-    !is_shared_library(path)
-        && elf::exported_functions(path).is_ok_and(|exports| exports.contains_key("malloc"))
+fn defines_malloc(file: &Binary) -> bool {
+    !is_shared_library(file.shown())
+        && file
+            .reopen()
+            .ok()
+            .and_then(|opened| elf::exports_of(opened, file.shown()).ok())
+            .is_some_and(|exports| exports.contains_key("malloc"))
 }
 
 #[cfg(test)]
@@ -355,6 +380,7 @@ mod tests {
     #[test]
     fn a_program_using_libc_malloc_does_not_define_it() {
         // This test binary allocates through libc's malloc, which it imports.
-        assert!(!defines_malloc(&std::env::current_exe().unwrap()));
+        let exe = Binary::open(&std::env::current_exe().unwrap(), None).unwrap();
+        assert!(!defines_malloc(&exe));
     }
 }

@@ -88,6 +88,9 @@ pub fn run(dirs: &[PathBuf], output: &Path) -> anyhow::Result<u8> {
     files.insert(1, Rendered { name: "merged.json".into(), bytes: serde_json::to_vec_pretty(&merged)? });
 
     let mut out = OutputDir::prepare(output, user)?;
+    for note in out.notes() {
+        say!("{note}");
+    }
     let written = out.write(&files.iter().map(Into::into).collect::<Vec<_>>());
     for note in &written.notes {
         say!("{note}");

@@ -183,18 +183,24 @@ impl Unwinder {
 
     /// Asks for the tables of a program about to be launched: itself, its dynamic loader and
     /// the libraries it needs (as the loader will find them), and the vDSO, so that they are
-    /// ready when it execs (see `settle`) and its first milliseconds are unwound too.
-    pub fn prepare(&mut self, program: &std::path::Path) {
-        let mut files = vec![program.to_path_buf()];
-        files.extend(interpreter(program));
-        files.extend(crate::uprobes::needed::needed_libraries(program));
-        for file in files {
+    /// ready when it execs (see `settle`) and its first milliseconds are unwound too. They are
+    /// found as `user`, whom the command runs as: only files they can read.
+    pub fn prepare(&mut self, program: &std::path::Path, user: Option<&crate::privileges::InvokingUser>) {
+        let needed = crate::uprobes::needed::needed_libraries(program, user);
+        let found = crate::privileges::as_user(user, || {
+            let mut files = vec![program.to_path_buf()];
+            files.extend(interpreter(program));
+            files.extend(needed);
             // Named as the process's maps will name it; a script is no code of its own (its
             // interpreter is what will be mapped).
-            let Ok(open) = std::fs::canonicalize(&file) else { continue };
-            if is_elf(&open) {
-                self.ask(open);
-            }
+            files
+                .into_iter()
+                .filter_map(|file| std::fs::canonicalize(&file).ok())
+                .filter(|open| is_elf(open))
+                .collect()
+        });
+        for open in found.unwrap_or_else(|_| Vec::new()) {
+            self.ask(open);
         }
         self.ask(PathBuf::from(cache::VDSO));
     }
@@ -489,13 +495,19 @@ fn digest(mappings: &[ExecMapping]) -> u32 {
 fn is_elf(path: &std::path::Path) -> bool {
     use std::io::Read as _;
     let mut magic = [0u8; 4];
-    std::fs::File::open(path).and_then(|mut file| file.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
+    crate::input::open_regular(path, crate::input::Links::Follow)
+        .is_ok_and(|mut file| file.read_exact(&mut magic).is_ok() && magic == *b"\x7fELF")
 }
 
 /// The dynamic loader a program names (PT_INTERP), if it is an ELF file that names one.
 fn interpreter(program: &std::path::Path) -> Option<PathBuf> {
     use object::read::elf::{FileHeader as _, ProgramHeader as _};
-    let data = std::fs::read(program).ok()?;
+    let mut data = Vec::new();
+    std::io::Read::read_to_end(
+        &mut crate::input::open_regular(program, crate::input::Links::Follow).ok()?,
+        &mut data,
+    )
+    .ok()?;
     let header = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
     let endian = header.endian().ok()?;
     let headers = header.program_headers(endian, &*data).ok()?;

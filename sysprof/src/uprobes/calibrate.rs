@@ -9,7 +9,7 @@ use anyhow::Context as _;
 
 use sysprof_common::{CallKey, CallStats, names};
 
-use super::elf;
+use super::{Binary, elf};
 use crate::{latency, probes::Probes};
 
 /// Cookie id of the calibration function (outside the GPU and `--func` ids).
@@ -207,12 +207,12 @@ pub fn timed_share_ns(probes: &Probes, id: u32) -> anyhow::Result<Option<u64>> {
 pub fn measure_heap_probe_cost(
     probes: &mut Probes,
     shape: HeapShape,
-    attach: impl FnOnce(&mut Probes, &Path, &'static str, u64) -> anyhow::Result<()>,
+    attach: impl FnOnce(&mut Probes, &Binary, &'static str, u64) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
     let (symbol, function) = shape.function();
     measure(probes, symbol, function, |probes, exe, exports, offset| {
         // Probed where the allocator's function would be (past free's test).
-        let placed = super::entry_point(exe, offset, exports.size_at(offset), true);
+        let placed = super::entry_point(exe.path(), offset, exports.size_at(offset), true);
         if !shape.stepped && placed.emulated == Some(false) {
             anyhow::bail!("{symbol} is probed at an instruction the kernel steps out of line");
         }
@@ -238,10 +238,11 @@ fn measure(
     probes: &mut Probes,
     symbol: &str,
     function: extern "C" fn(u64) -> u64,
-    attach: impl FnOnce(&mut Probes, &Path, &elf::Exports, u64) -> anyhow::Result<()>,
+    attach: impl FnOnce(&mut Probes, &Binary, &elf::Exports, u64) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
-    let exe = std::env::current_exe().context("locating sysprof's own binary")?;
-    let exports = own_exports(&exe)?;
+    let path = std::env::current_exe().context("locating sysprof's own binary")?;
+    let exports = own_exports(&path)?;
+    let exe = Binary::open(&path, None)?;
     let offset = *exports
         .get(symbol)
         .with_context(|| format!("sysprof's binary lost its calibration symbol {symbol} (stripped?)"))?;

@@ -35,6 +35,11 @@ impl Exports {
 /// one (programs keep their own functions there).
 pub fn exported_functions(path: &Path) -> anyhow::Result<Exports> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    exports_of(file, path)
+}
+
+/// The functions `file` (opened from `path`) defines, as [`exported_functions`].
+pub fn exports_of(file: File, path: &Path) -> anyhow::Result<Exports> {
     let cache = ReadCache::new(file);
     let elf = object::File::parse(&cache).with_context(|| format!("reading ELF {}", path.display()))?;
     let mut exports = Exports::default();

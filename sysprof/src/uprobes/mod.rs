@@ -2,6 +2,7 @@
 //! pair (sysprof-ebpf `calls.rs`): where each function starts, which libraries already have
 //! them, and which user functions (`--func BIN:SYMBOL`) were asked for.
 
+mod binary;
 pub mod calibrate;
 pub mod elf;
 pub mod needed;
@@ -20,6 +21,7 @@ use crate::probes::Probes;
 /// Ids of `--func` functions start here (GPU functions use the ids below).
 pub const USER_FUNCTION_BASE: u32 = 1000;
 
+pub use self::binary::{Binary, Named};
 pub use crate::config::FuncSpec;
 
 /// The files and functions already probed, so rediscovery attaches each once.
@@ -27,52 +29,56 @@ pub use crate::config::FuncSpec;
 pub struct CallProbes {
     /// (device, inode) of every file with probes.
     files: HashSet<(u64, u64)>,
-    /// Exports of each file read so far.
-    exports: HashMap<PathBuf, elf::Exports>,
+    /// Exports of each file read so far, by (device, inode).
+    exports: HashMap<(u64, u64), elf::Exports>,
     /// How many functions each attached file got, for the summary.
     pub attached: Vec<(PathBuf, usize)>,
 }
 
 impl CallProbes {
-    /// Whether `path` already has sysprof's probes (the same file under another name counts).
-    pub fn has(&self, path: &Path) -> bool {
-        file_id(path).is_some_and(|id| self.files.contains(&id))
+    /// Whether `file` already has sysprof's probes (the same file under another name counts).
+    pub fn has(&self, file: &Binary) -> bool {
+        file.id().is_some_and(|id| self.files.contains(&id))
     }
 
-    /// The exports of `path`, read once.
-    pub fn exports(&mut self, path: &Path) -> anyhow::Result<&elf::Exports> {
-        if !self.exports.contains_key(path) {
-            let exports = elf::exported_functions(path)?;
-            self.exports.insert(path.to_path_buf(), exports);
+    /// The exports of `file`, read once.
+    pub fn exports(&mut self, file: &Binary) -> anyhow::Result<&elf::Exports> {
+        let id = file.id().with_context(|| format!("no file at {}", file.shown().display()))?;
+        match self.exports.entry(id) {
+            std::collections::hash_map::Entry::Occupied(known) => Ok(known.into_mut()),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let opened = file.reopen().with_context(|| format!("opening {}", file.shown().display()))?;
+                Ok(slot.insert(elf::exports_of(opened, file.shown())?))
+            }
         }
-        Ok(&self.exports[path])
     }
 
-    /// Attaches `(name, id, flags)` functions found in `path`; returns how many it found.
+    /// Attaches `(name, id, flags)` functions found in `file`; returns how many it found.
     pub fn attach_functions(
         &mut self,
         probes: &mut Probes,
-        path: &Path,
+        file: &Binary,
         functions: &[(&str, u32, u64)],
         label: &str,
     ) -> anyhow::Result<usize> {
-        let id = file_id(path).with_context(|| format!("no file at {}", path.display()))?;
-        let exports = self.exports(path)?;
+        let id = file.id().with_context(|| format!("no file at {}", file.shown().display()))?;
+        let exports = self.exports(file)?;
         let points: Vec<(u64, u64)> = functions
             .iter()
             .filter_map(|&(name, function_id, flags)| {
-                let entry = |offset: u64| entry_point(path, offset, exports.size_at(offset), false);
+                let entry = |offset: u64| entry_point(file.path(), offset, exports.size_at(offset), false);
                 exports.get(name).map(|&offset| (entry(offset).offset, u64::from(function_id) | flags))
             })
             .collect();
         let count = points.len();
+        let shown = file.shown().display();
         let links = probes
-            .attach_calls(path, &points)
-            .with_context(|| format!("probing {label} functions in {}", path.display()))?;
+            .attach_calls(file, &points)
+            .with_context(|| format!("probing {label} functions in {shown}"))?;
         self.files.insert(id);
         if count > 0 {
-            probes.note_call_probes(&format!("{label} {} ({count} functions)", path.display()), links);
-            self.attached.push((path.to_path_buf(), count));
+            probes.note_call_probes(&format!("{label} {shown} ({count} functions)"), links);
+            self.attached.push((file.shown().to_path_buf(), count));
         }
         Ok(count)
     }
@@ -81,17 +87,17 @@ impl CallProbes {
     pub fn attach_user_function(
         &mut self,
         probes: &mut Probes,
-        path: &Path,
+        file: &Binary,
         symbol: &str,
         id: u32,
     ) -> anyhow::Result<Option<bool>> {
-        let exports = self.exports(path)?;
-        let offset =
-            *exports.get(symbol).with_context(|| format!("{} has no function {symbol}", path.display()))?;
-        let entry = entry_point(path, offset, exports.size_at(offset), false);
-        let links = probes.attach_calls(path, &[(entry.offset, u64::from(id) | call::ERROR_IF_NEGATIVE)])?;
+        let shown = file.shown().display();
+        let exports = self.exports(file)?;
+        let offset = *exports.get(symbol).with_context(|| format!("{shown} has no function {symbol}"))?;
+        let entry = entry_point(file.path(), offset, exports.size_at(offset), false);
+        let links = probes.attach_calls(file, &[(entry.offset, u64::from(id) | call::ERROR_IF_NEGATIVE)])?;
         let past = entry.past.map_or(String::new(), |past| format!(" ({})", past.describe()));
-        probes.note_call_probes(&format!("function {symbol} in {}{past}", path.display()), links);
+        probes.note_call_probes(&format!("function {symbol} in {shown}{past}"), links);
         Ok(entry.emulated)
     }
 }

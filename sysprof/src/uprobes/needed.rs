@@ -2,6 +2,11 @@
 //! dynamic loader resolves them. A launched command's libraries (CUDA, NCCL, its allocator, a
 //! `--func` library) can then be probed before it runs its first instruction: a short program
 //! may make all its calls before any memory-map rescan would notice the libraries.
+//!
+//! The search runs with the rights of the user the command runs as (through sudo): a RUNPATH
+//! into a directory only root can read finds nothing there, as the command's own loader finds
+//! nothing. And where sysprof loads a library into itself as root (NVML), [`trusted_location`]
+//! finds it as the loader would with no caller's library path at all.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -14,22 +19,37 @@ use object::{
     read::elf::{Dyn as _, FileHeader as _},
 };
 
+use crate::{
+    input::{Links, open_regular},
+    privileges::{InvokingUser, as_user},
+};
+
 /// Libraries the closure may hold before the search stops (a large framework has hundreds).
 const MAX_LIBRARIES: usize = 512;
 
-/// Every library `program` needs, directly or through its libraries, that can be found.
-pub fn needed_libraries(program: &Path) -> Vec<PathBuf> {
+/// Every library `program` needs, directly or through its libraries, that `user` (sysprof
+/// itself without one) can open: the files the command's loader, running as them, would load.
+/// Probe one by opening it as `user` again (`Binary::open`): a file found here is one they
+/// can read, whatever its path names by then.
+pub fn needed_libraries(program: &Path, user: Option<&InvokingUser>) -> Vec<PathBuf> {
+    // As root: ldconfig is root's program, run with a clean environment.
     let cache = LD_SO_CACHE.get_or_init(ld_so_cache);
+    as_user(user, || closure(program, cache)).unwrap_or_default()
+}
+
+fn closure(program: &Path, cache: &HashMap<String, PathBuf>) -> Vec<PathBuf> {
     let env_dirs: Vec<PathBuf> =
         std::env::var_os("LD_LIBRARY_PATH").map(|v| std::env::split_paths(&v).collect()).unwrap_or_default();
     let mut found = Vec::new();
     let mut seen: HashSet<PathBuf> = HashSet::new();
-    let mut queue: VecDeque<PathBuf> = VecDeque::from([program.to_path_buf()]);
-    while let Some(file) = queue.pop_front() {
+    // Each file's dynamic section is read as it is found, from the file that was opened: no
+    // descriptor waits in the queue.
+    let Some(first) = read_dynamic(program) else { return found };
+    let mut queue: VecDeque<(PathBuf, Dynamic)> = VecDeque::from([(program.to_path_buf(), first)]);
+    while let Some((file, dynamic)) = queue.pop_front() {
         if found.len() >= MAX_LIBRARIES {
             break;
         }
-        let Some(dynamic) = read_dynamic(&file) else { continue };
         let origin = file.parent().map(Path::to_path_buf).unwrap_or_default();
         let expand = |dirs: &[String]| -> Vec<PathBuf> {
             dirs.iter()
@@ -44,7 +64,8 @@ pub fn needed_libraries(program: &Path) -> Vec<PathBuf> {
                 .collect()
         };
         // The loader's order: RPATH (when there is no RUNPATH), LD_LIBRARY_PATH, RUNPATH,
-        // ld.so.cache, the default directories.
+        // ld.so.cache, the default directories. The first that opens is the one: a file the
+        // user cannot open is passed over, as their loader passes it over.
         let mut dirs = Vec::new();
         if dynamic.runpath.is_empty() {
             dirs.extend(expand(&dynamic.rpath));
@@ -52,20 +73,27 @@ pub fn needed_libraries(program: &Path) -> Vec<PathBuf> {
         dirs.extend(env_dirs.iter().cloned());
         dirs.extend(expand(&dynamic.runpath));
         for name in dynamic.needed {
-            let path = if name.contains('/') {
-                Some(PathBuf::from(&name))
+            let candidates: Vec<PathBuf> = if name.contains('/') {
+                vec![PathBuf::from(&name)]
             } else {
                 dirs.iter()
                     .map(|dir| dir.join(&name))
-                    .find(|p| p.is_file())
-                    .or_else(|| cache.get(&name).cloned())
-                    .or_else(|| default_dirs().map(|dir| Path::new(dir).join(&name)).find(|p| p.is_file()))
+                    .chain(cache.get(&name).cloned())
+                    .chain(default_dirs().map(|dir| Path::new(dir).join(&name)))
+                    .collect()
             };
-            if let Some(path) = path
-                && seen.insert(path.clone())
-            {
-                found.push(path.clone());
-                queue.push_back(path);
+            let Some((path, file)) = candidates
+                .into_iter()
+                .find_map(|path| open_regular(&path, Links::Follow).ok().map(|file| (path, file)))
+            else {
+                continue;
+            };
+            if !seen.insert(path.clone()) {
+                continue;
+            }
+            found.push(path.clone());
+            if let Some(dynamic) = read_dynamic_of(file) {
+                queue.push_back((path, dynamic));
             }
         }
     }
@@ -79,7 +107,10 @@ struct Dynamic {
 }
 
 fn read_dynamic(path: &Path) -> Option<Dynamic> {
-    let file = File::open(path).ok()?;
+    read_dynamic_of(open_regular(path, Links::Follow).ok()?)
+}
+
+fn read_dynamic_of(file: File) -> Option<Dynamic> {
     let cache = ReadCache::new(file);
     let elf = object::read::elf::ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
     let endian = elf.endian();
@@ -117,6 +148,23 @@ fn default_dirs() -> impl Iterator<Item = &'static str> {
         "/usr/lib",
     ]
     .into_iter()
+}
+
+/// Where the loader finds library `name` with no library path of the caller's (no
+/// LD_LIBRARY_PATH, no RUNPATH): the loader's cache, then the standard directories. For what
+/// sysprof loads into itself as root (NVML), which must still pass `privileges::trusted_library`.
+pub fn trusted_location(name: &str) -> Option<PathBuf> {
+    let cache = LD_SO_CACHE.get_or_init(ld_so_cache);
+    cache
+        .get(name)
+        .cloned()
+        .filter(|path| path.is_file())
+        .or_else(|| default_dirs().map(|dir| Path::new(dir).join(name)).find(|path| path.is_file()))
+}
+
+/// What `library` needs (its DT_NEEDED names), in order.
+pub fn needed_names(library: &Path) -> Vec<String> {
+    read_dynamic(library).map(|dynamic| dynamic.needed).unwrap_or_default()
 }
 
 /// Where distributions install ldconfig. Never looked up on PATH: as root (through sudo, or with
@@ -166,7 +214,7 @@ mod tests {
     #[test]
     fn this_test_binary_needs_libc() {
         let exe = std::env::current_exe().unwrap();
-        let needed = needed_libraries(&exe);
+        let needed = needed_libraries(&exe, None);
         assert!(
             needed.iter().any(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))),
             "{needed:?}"

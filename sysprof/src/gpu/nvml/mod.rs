@@ -14,8 +14,10 @@ pub mod section;
 pub mod topology;
 
 use std::{
-    collections::BTreeMap,
-    path::Path,
+    collections::{BTreeMap, HashSet},
+    ffi::CString,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -29,33 +31,99 @@ use nvml_wrapper::{
 use serde::Serialize;
 use tokio::{sync::watch, task::JoinHandle};
 
-use crate::terminal::{stderr_line, stdout_text};
+use crate::{
+    privileges::{self, InvokingUser, as_user},
+    terminal::{stderr_line, stdout_text},
+    uprobes::needed,
+};
 
 /// The library NVIDIA's driver installs.
 const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 /// Cumulative NVLink data counters (KiB), nvml.h NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX.
 const NVLINK_TX: u32 = 138;
 const NVLINK_RX: u32 = 139;
+/// How deep the libraries NVML needs are followed (its own needs are glibc's).
+const MAX_DEPENDENCY_DEPTH: usize = 8;
 
-/// Opens NVML from `library` (default: the driver's libnvidia-ml.so.1); the error is one line.
-pub fn open(library: Option<&Path>) -> Result<Arc<Nvml>, String> {
-    let path = match library {
-        // Its constructors would run as root: only a library no one but root can change.
-        Some(library) if crate::privileges::is_root() => match crate::privileges::trusted_library(library) {
-            Ok(resolved) => resolved.into_os_string(),
-            Err(reason) if !library.exists() => {
-                return Err(format!("NVML not available ({reason}): GPU metrics disabled"));
+/// Why NVML is not loaded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unloadable {
+    /// Not there: no library at the path given, or none where the loader would look.
+    Missing(String),
+    /// Through sudo, a library the user named that they cannot read.
+    Unreadable { path: PathBuf, user: String },
+    /// As root, a library someone other than root could change: its code would run as root.
+    Untrusted(String),
+}
+
+impl Unloadable {
+    /// The one line that says so (GPU metrics are off, everything else runs).
+    pub fn line(&self) -> String {
+        match self {
+            Unloadable::Missing(reason) => format!("NVML not available ({reason}): GPU metrics disabled"),
+            Unloadable::Unreadable { path, user } => {
+                format!("NVML not loaded ({user} cannot read {}): GPU metrics disabled", path.display())
             }
-            Err(reason) => return Err(format!("NVML not loaded ({reason}): GPU metrics disabled")),
-        },
-        Some(library) => library.as_os_str().to_owned(),
-        None => DEFAULT_LIBRARY.into(),
+            Unloadable::Untrusted(reason) => format!("NVML not loaded ({reason}): GPU metrics disabled"),
+        }
+    }
+}
+
+/// Where NVML is loaded from. As root, the library must be root's and writable by no one else
+/// (`privileges::trusted_library`), and the caller's library path is never searched: the
+/// driver's libnvidia-ml.so.1 is looked for as the loader would with none (its cache, then
+/// the standard directories), and loaded by that absolute path. `library` (`--nvml-lib`) is
+/// resolved with `user`'s rights, through sudo, and only what they can read is loaded. Not as
+/// root, the library as named (the loader's own search, sysprof's own rights).
+pub fn locate(library: Option<&Path>, user: Option<&InvokingUser>) -> Result<PathBuf, Unloadable> {
+    if !privileges::is_root() {
+        return Ok(library.map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), Path::to_path_buf));
+    }
+    let resolved = match library {
+        Some(library) => {
+            let unreadable = || Unloadable::Unreadable {
+                path: library.to_path_buf(),
+                user: user.map(|user| user.name.clone()).unwrap_or_default(),
+            };
+            match as_user(user, || library.canonicalize()) {
+                Ok(Ok(resolved)) => resolved,
+                _ if user.is_some() => return Err(unreadable()),
+                Ok(Err(error)) => return Err(Unloadable::Missing(format!("{}: {error}", library.display()))),
+                Err(error) => return Err(Unloadable::Missing(error.to_string())),
+            }
+        }
+        None => needed::trusted_location(DEFAULT_LIBRARY).ok_or_else(|| {
+            Unloadable::Missing(format!(
+                "{DEFAULT_LIBRARY} is in neither the loader's cache nor the standard library directories"
+            ))
+        })?,
     };
-    let nvml = Nvml::builder().lib_path(&path).init().map_err(|error| {
+    // Every directory of the resolved path is root's and no one else's to change: what is
+    // checked below is what is loaded.
+    let resolved = privileges::trusted_library(&resolved).map_err(Unloadable::Untrusted)?;
+    if let Some(user) = user
+        && !user.can_read(&resolved)
+    {
+        return Err(Unloadable::Unreadable {
+            path: library.map_or_else(|| resolved.clone(), Path::to_path_buf),
+            user: user.name.clone(),
+        });
+    }
+    Ok(resolved)
+}
+
+/// Opens NVML from `library` (default: the driver's libnvidia-ml.so.1), found as [`locate`]
+/// finds it; the error is one line.
+pub fn open(library: Option<&Path>, user: Option<&InvokingUser>) -> Result<Arc<Nvml>, String> {
+    let path = locate(library, user).map_err(|unloadable| unloadable.line())?;
+    if privileges::is_root() {
+        load_dependencies(&path, &mut HashSet::new(), 0).map_err(|reason| reason.line())?;
+    }
+    let nvml = Nvml::builder().lib_path(path.as_os_str()).init().map_err(|error| {
         // libloading's message repeats itself ("a libloading error occurred: PATH: ...").
         let text = error.to_string();
         let reason = text.rsplit(": ").next().unwrap_or(&text).to_string();
-        format!("NVML not available ({}: {reason}): GPU metrics disabled", path.to_string_lossy())
+        format!("NVML not available ({}: {reason}): GPU metrics disabled", path.display())
     })?;
     match nvml.device_count() {
         Ok(0) => Err("NVML found no GPU: GPU metrics disabled".into()),
@@ -64,9 +132,45 @@ pub fn open(library: Option<&Path>) -> Result<Arc<Nvml>, String> {
     }
 }
 
+/// Loads, as root, the libraries `library` needs before it: each found as [`locate`] finds
+/// NVML (no caller's library path) and trusted as it is. Loading `library` then finds each
+/// loaded already, by its name, and searches no directory for it: the loader would search the
+/// LD_LIBRARY_PATH sysprof was started with first (through `sudo -E`, or a sudo rule that keeps
+/// it, the caller's).
+fn load_dependencies(library: &Path, loaded: &mut HashSet<PathBuf>, depth: usize) -> Result<(), Unloadable> {
+    if depth > MAX_DEPENDENCY_DEPTH {
+        return Ok(());
+    }
+    for name in needed::needed_names(library) {
+        let found =
+            if name.contains('/') { Some(PathBuf::from(&name)) } else { needed::trusted_location(&name) };
+        let found = found.ok_or_else(|| {
+            Unloadable::Missing(format!(
+                "{} needs {name}, which is in neither the loader's cache nor the standard library directories",
+                library.display()
+            ))
+        })?;
+        let found = privileges::trusted_library(&found).map_err(Unloadable::Untrusted)?;
+        if !loaded.insert(found.clone()) {
+            continue;
+        }
+        load_dependencies(&found, loaded, depth + 1)?;
+        let name = CString::new(found.as_os_str().as_bytes())
+            .map_err(|_| Unloadable::Missing(format!("{}: not a path the loader takes", found.display())))?;
+        // Kept for the life of the process, as NVML, which needs it, is. A library loaded
+        // already (libc) is found by its path or identity and not loaded twice.
+        // SAFETY: a valid C string; the library is root's and no one else's to change.
+        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return Err(Unloadable::Missing(format!("{} could not be loaded", found.display())));
+        }
+    }
+    Ok(())
+}
+
 /// `sysprof topo`: the GPUs and their links; exit code 1 when NVML is not available.
 pub fn topo(library: Option<&Path>, json: bool) -> anyhow::Result<u8> {
-    match open(library) {
+    match open(library, InvokingUser::from_sudo_env().as_ref()) {
         Ok(nvml) => {
             let topology = topology::read(&nvml);
             if json {
@@ -180,5 +284,36 @@ fn poll(nvml: &Nvml, started: Instant, samples: &mut Vec<Sample>) {
                 })
                 .unwrap_or_default(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn as_root_the_default_library_is_found_without_any_library_path() {
+        if !privileges::is_root() {
+            assert_eq!(locate(None, None), Ok(PathBuf::from(DEFAULT_LIBRARY)));
+            return;
+        }
+        match needed::trusted_location(DEFAULT_LIBRARY) {
+            Some(path) => assert!(locate(None, None).is_ok_and(|found| found.is_absolute()), "{path:?}"),
+            None => assert_eq!(
+                locate(None, None).unwrap_err().line(),
+                "NVML not available (libnvidia-ml.so.1 is in neither the loader's cache nor the standard \
+                 library directories): GPU metrics disabled"
+            ),
+        }
+    }
+
+    #[test]
+    fn what_a_library_needs_is_found_where_the_loader_looks_with_no_path_of_the_callers() {
+        let libm = needed::trusted_location("libm.so.6").expect("libm in the loader's cache");
+        assert!(needed::needed_names(&libm).iter().any(|name| name == "libc.so.6"));
+        let libc = needed::trusted_location("libc.so.6").unwrap();
+        assert!(privileges::trusted_library(&libc).is_ok(), "{}", libc.display());
+        // libc is loaded already: found so, not loaded twice.
+        load_dependencies(&libm, &mut HashSet::new(), 0).unwrap();
     }
 }
