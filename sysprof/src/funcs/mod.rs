@@ -194,7 +194,7 @@ pub fn rows(
 fn find_mapped(processes: &ProcessTable, version: u64, name: &str) -> Option<PathBuf> {
     processes.changed_since(version).find_map(|(_, record)| {
         record.maps.as_ref()?.mappings().iter().find_map(|mapping| match &mapping.backing {
-            Backing::File { path, open } if file_matches(path, name) => Some(open.to_path_buf()),
+            Backing::File { path, open, .. } if file_matches(path, name) => Some(open.to_path_buf()),
             _ => None,
         })
     })

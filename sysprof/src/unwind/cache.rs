@@ -5,7 +5,7 @@
 //! someone else wrote is never loaded.
 
 use std::{
-    fs::{DirBuilder, File, OpenOptions},
+    fs::{DirBuilder, OpenOptions},
     io::Write as _,
     os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
@@ -16,6 +16,7 @@ use object::Object as _;
 use sysprof_common::unwind::UnwindRow;
 
 use super::tables::Table;
+use crate::mapped::{self, FileKey, Need, Stable};
 
 /// The name sysprof gives the kernel's vDSO among the files it builds tables for: the vDSO is
 /// the same image in every process, so sysprof reads its own.
@@ -37,18 +38,15 @@ enum Bytes {
 }
 
 impl Source {
-    /// Maps the file read-only (a 500 MB library costs only the pages its tables live in).
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
+    /// Maps the file read-only (a 500 MB library costs only the pages its tables live in), or a
+    /// copy of its call frame information where others can change it (see `mapped::Stable`);
+    /// with `key`, only the file a process mapped (see `mapped::open`).
+    pub fn open(path: &Path, key: Option<FileKey>) -> anyhow::Result<Self> {
         let bytes = if path == Path::new(VDSO) {
             Bytes::Owned(own_vdso().context("reading the vDSO")?)
         } else {
-            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-            // SAFETY: mapped read-only and private; a file truncated under sysprof can fault
-            // (SIGBUS) only while its table is built, as for any reader of a mapped file.
-            Bytes::Mapped(
-                unsafe { memmap2::Mmap::map(&file) }
-                    .with_context(|| format!("mapping {}", path.display()))?,
-            )
+            let stable = Stable::of(mapped::open(path, key)?, path, Need::Unwind)?;
+            Bytes::Mapped(stable.map().with_context(|| format!("mapping {}", path.display()))?)
         };
         let data: &[u8] = match &bytes {
             Bytes::Mapped(map) => map,
@@ -247,7 +245,7 @@ mod tests {
 
     #[test]
     fn the_vdso_has_a_table() {
-        let source = Source::open(Path::new(VDSO)).unwrap();
+        let source = Source::open(Path::new(VDSO), None).unwrap();
         let table = super::super::tables::build(source.bytes()).unwrap();
         assert!(!table.rows.is_empty());
     }

@@ -5,14 +5,12 @@
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    fs::File,
     path::{Path, PathBuf},
 };
 
-use object::{
-    ReadCache,
-    read::elf::{Dyn as _, FileHeader as _},
-};
+use object::read::elf::{Dyn as _, FileHeader as _};
+
+use crate::mapped::{self, Bounded};
 
 /// Libraries the closure may hold before the search stops (a large framework has hundreds).
 const MAX_LIBRARIES: usize = 512;
@@ -79,8 +77,10 @@ struct Dynamic {
 }
 
 fn read_dynamic(path: &Path) -> Option<Dynamic> {
-    let file = File::open(path).ok()?;
-    let cache = ReadCache::new(file);
+    // Without blocking on a FIFO, and within a bound: a library a user put on the search path
+    // may be anything.
+    let file = crate::input::open_regular(path, crate::input::Links::Follow).ok()?;
+    let cache = Bounded::new(file, mapped::READ_LIMIT);
     let elf = object::read::elf::ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
     let endian = elf.endian();
     let header = elf.elf_header();
