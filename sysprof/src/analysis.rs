@@ -237,6 +237,8 @@ pub(crate) fn analyze(
             thousands(lost.total())
         ));
     }
+    // The files the symbolizer could not read, or read less of, after every frame was named.
+    limitations.extend(symbolizer.notes().iter().cloned());
     let unseen = shared.counters.get(Counter::SwitchesUnseen);
     if unseen > 0 {
         limitations.push(format!(

@@ -39,6 +39,7 @@ pub(crate) mod ksyms;
 pub mod latency;
 pub(crate) mod launch;
 pub(crate) mod loader_gate;
+pub(crate) mod mapped;
 pub mod memory;
 pub mod merge;
 pub mod output;

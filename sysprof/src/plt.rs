@@ -4,9 +4,11 @@
 //! tables: on x86-64 PLT entry `k` (16 bytes each; `.plt` starts with the resolver's entry 0)
 //! jumps through the slot of the `k`-th JUMP_SLOT relocation, whose symbol is the function.
 
-use std::{ops::Range, path::Path};
+use std::ops::Range;
 
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _, RelocationFlags};
+use object::{
+    Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _, ReadRef, RelocationFlags,
+};
 
 /// The size of one PLT entry on x86-64.
 const ENTRY: u64 = 16;
@@ -23,15 +25,12 @@ pub struct PltNames {
 }
 
 impl PltNames {
-    /// The file's PLT names; empty when it has none or is not an x86-64 ELF.
-    pub fn read(path: &Path) -> PltNames {
-        Self::try_read(path).unwrap_or_default()
+    /// The PLT names of a parsed file; empty when it has none or is not an x86-64 ELF.
+    pub fn of<'data, R: ReadRef<'data>>(elf: &object::File<'data, R>) -> PltNames {
+        Self::try_of(elf).unwrap_or_default()
     }
 
-    fn try_read(path: &Path) -> Option<PltNames> {
-        let file = std::fs::File::open(path).ok()?;
-        let cache = object::ReadCache::new(file);
-        let elf = object::File::parse(&cache).ok()?;
+    fn try_of<'data, R: ReadRef<'data>>(elf: &object::File<'data, R>) -> Option<PltNames> {
         if elf.architecture() != object::Architecture::X86_64 {
             return None;
         }
@@ -74,7 +73,7 @@ impl PltNames {
 
 #[cfg(test)]
 mod tests {
-    use std::process::Command;
+    use std::{path::Path, process::Command};
 
     use super::*;
 
@@ -124,7 +123,8 @@ mod tests {
         assert!(built.success());
         let expected = objdump_stubs(&binary);
         assert!(expected.len() >= 3, "objdump found {expected:?}");
-        let names = PltNames::read(&binary);
+        let data = std::fs::read(&binary).unwrap();
+        let names = PltNames::of(&object::File::parse(data.as_slice()).unwrap());
         for (offset, name) in &expected {
             // The stub's first and last byte both belong to it.
             assert_eq!(names.name(*offset).as_deref(), Some(name.as_str()), "at {offset:#x}");

@@ -10,15 +10,24 @@ use std::{
 
 use procfs::process::MMapPath;
 
+use crate::mapped::FileKey;
+
 mod query;
 
 /// What backs an executable mapping.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Backing {
-    /// An ELF file: `path` as the process saw it, `open` as sysprof can open it. Shared: one
-    /// allocation for both where they are the same file (most are), and one for every process
-    /// mapping the file (a busy host's thousands of short processes map the same few).
-    File { path: Arc<Path>, open: Arc<Path> },
+    /// An ELF file: `path` as the process saw it, `open` as sysprof can open it, `key` the file
+    /// the process mapped (what is at `open` is read only while it is that file: see
+    /// `mapped`). The paths are shared: one allocation for both where they are the same file
+    /// (most are), and one for every process mapping the file (a busy host's thousands of
+    /// short processes map the same few).
+    File {
+        path: Arc<Path>,
+        open: Arc<Path>,
+        #[serde(default)]
+        key: FileKey,
+    },
     /// The kernel's vDSO.
     Vdso,
     /// Anonymous executable memory: JIT code, described by /tmp/perf-PID.map when the runtime
@@ -93,7 +102,8 @@ impl ProcessMaps {
             }
             let mappings = listed.into_iter().map(|listed| {
                 let path = MMapPath::from(&listed.name).unwrap_or(MMapPath::Other(listed.name));
-                (listed.start, listed.end, listed.offset, listed.inode, path)
+                let key = FileKey { device: listed.device, inode: listed.inode };
+                (listed.start, listed.end, listed.offset, key, path)
             });
             return Ok(Some((Self::from_listed(pid, mappings), digest)));
         }
@@ -121,21 +131,24 @@ impl ProcessMaps {
         let parsed = procfs::process::MemoryMaps::from_buf_read(text.as_bytes())
             .map(|maps| maps.0)
             .unwrap_or_default();
-        let mappings =
-            parsed.into_iter().map(|map| (map.address.0, map.address.1, map.offset, map.inode, map.pathname));
+        let mappings = parsed.into_iter().map(|map| {
+            let (major, minor) = (map.dev.0 as u32, map.dev.1 as u32);
+            let key = FileKey { device: libc::makedev(major, minor), inode: map.inode };
+            (map.address.0, map.address.1, map.offset, key, map.pathname)
+        });
         Self::from_listed(pid, mappings)
     }
 
-    /// The mappings of `pid` from (start, end, file offset, inode, name) as the kernel listed
-    /// them.
-    fn from_listed(pid: u32, listed: impl Iterator<Item = (u64, u64, u64, u64, MMapPath)>) -> Self {
+    /// The mappings of `pid` from (start, end, file offset, device and inode, name) as the
+    /// kernel listed them.
+    fn from_listed(pid: u32, listed: impl Iterator<Item = (u64, u64, u64, FileKey, MMapPath)>) -> Self {
         let mut mappings: Vec<Mapping> = listed
-            .map(|(start, end, file_offset, inode, name)| Mapping {
+            .map(|(start, end, file_offset, key, name)| Mapping {
                 start,
                 end,
                 file_offset,
                 backing: match name {
-                    MMapPath::Path(path) => file_backing(pid, path, inode, (start, end)),
+                    MMapPath::Path(path) => file_backing(pid, path, key, (start, end)),
                     MMapPath::Vdso => Backing::Vdso,
                     MMapPath::Anonymous => Backing::Anonymous,
                     other => Backing::Other(format!("{other:?}").to_lowercase()),
@@ -213,35 +226,38 @@ fn executable_lines(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// Where sysprof can open a mapped file: the path itself when it is the same file (same
-/// inode), else through the process's root (containers) or map_files (deleted files), which
-/// only work while the process lives.
-fn file_backing(pid: u32, path: PathBuf, inode: u64, (start, end): (u64, u64)) -> Backing {
+/// Where sysprof can open a mapped file: the path itself when it is the same file (same device
+/// and inode), else through the process's root (containers) or map_files (deleted files), which
+/// only work while the process lives. Whichever it is, it is read only while it is the file
+/// `key` names (see `mapped::open`): this is where to look, not a promise of what is there.
+fn file_backing(pid: u32, path: PathBuf, key: FileKey, (start, end): (u64, u64)) -> Backing {
     let deleted_suffix = " (deleted)";
     let text = path.to_string_lossy();
     if let Some(original) = text.strip_suffix(deleted_suffix) {
         return Backing::File {
             path: interned(Path::new(original)),
             open: PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")).into(),
+            key,
         };
     }
     let path = interned(&path);
-    let open = if same_file(&path, inode) { None } else { Some(in_process_root(pid, &path).into()) };
-    Backing::File { open: open.unwrap_or_else(|| path.clone()), path }
+    let open = if same_file(&path, key) { None } else { Some(in_process_root(pid, &path).into()) };
+    Backing::File { open: open.unwrap_or_else(|| path.clone()), path, key }
 }
 
-/// Whether `path` is, in sysprof's view, the file with `inode` that a process mapped under
-/// that name. Asked once per file and inode: every read of a process's maps asks it for each of
-/// its mapped files, the same few libraries over and over (a `make -j2` of 16 files read maps
-/// 169 times and stat'ed 1,247 paths). A file replaced at the path (a package upgrade) has a
-/// new inode, which is asked anew; the processes that still map the old one show it deleted,
-/// and are read through map_files (see `file_backing`).
-fn same_file(path: &Arc<Path>, inode: u64) -> bool {
-    static KNOWN: std::sync::Mutex<BTreeMap<(Arc<Path>, u64), bool>> = std::sync::Mutex::new(BTreeMap::new());
+/// Whether `path` is, in sysprof's view, the file `key` names that a process mapped under that
+/// name. Asked once per file and key: every read of a process's maps asks it for each of its
+/// mapped files, the same few libraries over and over (a `make -j2` of 16 files read maps 169
+/// times and stat'ed 1,247 paths). A file replaced at the path (a package upgrade) has a new
+/// inode, which is asked anew; the processes that still map the old one show it deleted, and
+/// are read through map_files (see `file_backing`).
+fn same_file(path: &Arc<Path>, key: FileKey) -> bool {
+    static KNOWN: std::sync::Mutex<BTreeMap<(Arc<Path>, FileKey), bool>> =
+        std::sync::Mutex::new(BTreeMap::new());
     let mut known = KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     *known
-        .entry((path.clone(), inode))
-        .or_insert_with(|| std::fs::metadata(path).is_ok_and(|meta| meta.ino() == inode))
+        .entry((path.clone(), key))
+        .or_insert_with(|| std::fs::metadata(path).is_ok_and(|meta| FileKey::of(&meta) == key))
 }
 
 /// The one shared copy of `path` among every process's mappings.
@@ -270,7 +286,11 @@ mod tests {
             start,
             end,
             file_offset: 0x1000,
-            backing: Backing::File { path: Path::new(name).into(), open: Path::new(name).into() },
+            backing: Backing::File {
+                path: Path::new(name).into(),
+                open: Path::new(name).into(),
+                key: FileKey::default(),
+            },
         }
     }
 

@@ -163,6 +163,11 @@ impl Results {
             gpu_state.as_ref(),
             &mut symbolizer,
         )?;
+        if !recording.props.quiet {
+            for note in symbolizer.notes() {
+                say!("{note}");
+            }
+        }
         let detach = detach.wait();
         report.instrumentation.detach = detach.clone();
         if recording.props.save_readout {

@@ -23,6 +23,8 @@ use blazesym::symbolize::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    input::{InputError, Links},
+    mapped::{self, Bounded, FileKey, MappedError, Need, Stable},
     plt::PltNames,
     procmaps::{Backing, Mapping, ProcessMaps},
 };
@@ -98,11 +100,15 @@ impl Frame {
 /// outermost first.
 pub type Frames = Vec<Frame>;
 
-/// The frames each address resolved to: kernel addresses, and user addresses per process.
+/// The frames each address resolved to: kernel addresses, and user addresses per process; and
+/// what could not be read, for the report's limitations.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Symbols {
     kernel: BTreeMap<u64, Frames>,
     user: BTreeMap<u32, BTreeMap<u64, Frames>>,
+    /// Each said once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
 }
 
 /// Resolves addresses to frames, caching per file and per kernel address.
@@ -111,13 +117,12 @@ pub struct Symbolizer {
     blazesym: Option<Blazesym>,
     known: Symbols,
     perf_maps: HashMap<u32, Option<PerfMap>>,
-    /// Each file's PLT stubs (see `plt.rs`), read once.
-    plt: HashMap<PathBuf, PltNames>,
-    /// Where each file's names are read from, decided once.
-    names: HashMap<PathBuf, NameSource>,
-    /// What each file's offsets resolved to, for every process that maps the file: a build's
-    /// hundreds of compilers are one file, resolved once, whose names are held once.
-    by_file: HashMap<FileId, HashMap<u64, Frames>>,
+    /// Each file the processes mapped, by what they mapped and where sysprof opens it: opened
+    /// once, and kept open while the symbolizer lives (blazesym reads it by a path to the
+    /// descriptor), or `None` where it could not be read. Every process that maps the file
+    /// shares it: a build's hundreds of compilers are one file, resolved once, whose names are
+    /// held once.
+    files: HashMap<(FileKey, Arc<Path>), Option<MappedFile>>,
     /// Whether each process's answers are kept (`answers`), for a saved read-out to replay:
     /// otherwise a file's are enough, and a busy host's copies of them for each of its hundreds
     /// of processes are not kept (31,000 addresses against 6,500 in a 10 s `--all` trace beside
@@ -125,91 +130,161 @@ pub struct Symbolizer {
     keep_answers: bool,
 }
 
-/// A file as it was when its offsets were resolved: `uprobes::file_id`'s identity with the
-/// modification time, so that a path naming another file later (a program rebuilt during the
-/// trace) is another file, and the path, which names the frames' module.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct FileId {
-    path: PathBuf,
-    device: u64,
-    inode: u64,
-    modified_ns: i128,
-}
-
-impl FileId {
-    fn of(path: &Path) -> Option<Self> {
-        use std::os::unix::fs::MetadataExt as _;
-        let meta = std::fs::metadata(path).ok()?;
-        Some(FileId {
-            path: path.to_path_buf(),
-            device: meta.dev(),
-            inode: meta.ino(),
-            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-        })
-    }
+/// A mapped file as the symbolizer reads it.
+struct MappedFile {
+    names: NameSource,
+    /// Its PLT stubs (see `plt.rs`).
+    plt: PltNames,
+    /// What its offsets resolved to, for every process that maps it (keyed by offset: another
+    /// process maps the file at another address).
+    answers: HashMap<u64, Frames>,
 }
 
 /// Where a file's function names come from. Its own DWARF names inlined functions too, and is
-/// read when the file has it (a program built with -g: the user's own code). A system
-/// library's DWARF sits in a separate debug file (a -dbg or -debuginfo package), compressed:
-/// reading it would take more memory than the rest of sysprof (libc's: 11 MB), so only that
-/// file's symbol table is read, which names every function, static ones included. An
-/// interpreter's frames under a Python function are replaced by the function's
-/// (`python::merge`), so its DWARF (tens of MB in a pyenv build) would only name C functions
-/// inlined into its evaluation loop: its symbol table is read instead.
-#[derive(Debug)]
-enum NameSource {
-    Dwarf(PathBuf),
-    Symbols(PathBuf),
-    /// A separate debug file's symbols, asked by virtual address: the file's loadable segments
-    /// (file offset, size, address) turn its offsets into addresses.
+/// read when the file has it (a program built with -g: the user's own code), and when
+/// `mapped::debug_info` finds it safe to read. A system library's DWARF sits in a separate
+/// debug file (a -dbg or -debuginfo package), compressed: reading it would take more memory
+/// than the rest of sysprof (libc's: 11 MB), so only that file's symbol table is read, which
+/// names every function, static ones included. An interpreter's frames under a Python function
+/// are replaced by the function's (`python::merge`), so its DWARF (tens of MB in a pyenv build)
+/// would only name C functions inlined into its evaluation loop: its symbol table is read
+/// instead.
+struct NameSource {
+    /// What blazesym reads (the file or its separate debug file), as it stays while read.
+    file: Stable,
+    /// Whether blazesym reads its DWARF, else its symbol tables.
+    dwarf: bool,
+    /// Where `file` is a separate debug file, which is asked by virtual address: the mapped
+    /// file's loadable segments (file offset, size, address) turn its offsets into addresses.
+    segments: Option<Vec<(u64, u64, u64)>>,
+}
+
+/// Which of a file's names are read, before they are.
+enum Choice {
+    Dwarf,
+    Symbols,
     DebugFile(PathBuf, Vec<(u64, u64, u64)>),
 }
 
-impl NameSource {
-    fn of(path: &Path) -> Self {
+impl MappedFile {
+    /// The file a process mapped, opened from `open` while it is the file `key` names, and a
+    /// line for the report where its DWARF could not be read (`shown`: the mapped path).
+    fn open(open: &Path, key: FileKey, shown: &Path) -> Result<(Self, Option<String>), MappedError> {
         use object::{Object as _, ObjectSection as _, ObjectSegment as _};
-        let Some(file) = std::fs::File::open(path).ok() else { return NameSource::Symbols(path.into()) };
-        let cache = object::ReadCache::new(file);
-        let Ok(elf) = object::File::parse(&cache) else { return NameSource::Symbols(path.into()) };
-        if crate::python::is_interpreter_file(path) {
-            return NameSource::Symbols(path.into());
-        }
-        if elf.section_by_name(".debug_info").is_some_and(|section| section.size() > 0) {
-            return NameSource::Dwarf(path.into());
-        }
-        let separate = elf.build_id().ok().flatten().filter(|id| id.len() > 1).and_then(|id| {
-            let hex = hex::encode(id);
-            let debug = PathBuf::from(format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
-            debug.is_file().then_some(debug)
-        });
-        match separate {
-            Some(debug) => {
-                let segments = elf
-                    .segments()
-                    .map(|segment| {
-                        let (offset, size) = segment.file_range();
-                        (offset, size, segment.address())
-                    })
-                    .collect();
-                NameSource::DebugFile(debug, segments)
+        let file = mapped::open(open, Some(key))?;
+        let io = |source| MappedError::Input(InputError::Io { path: open.to_path_buf(), source });
+        let root_owned = std::os::unix::fs::MetadataExt::uid(&file.metadata().map_err(io)?) == 0;
+        let (plt, choice) = {
+            let data = Bounded::new(&file, mapped::READ_LIMIT);
+            match object::File::parse(&data) {
+                Ok(elf) => {
+                    let choice = if crate::python::is_interpreter_file(shown) {
+                        Choice::Symbols
+                    } else if elf.section_by_name(".debug_info").is_some_and(|section| section.size() > 0) {
+                        Choice::Dwarf
+                    } else {
+                        match separate_debug_file(&elf, root_owned) {
+                            Some(debug) => {
+                                let segments = elf
+                                    .segments()
+                                    .map(|segment| {
+                                        let (offset, size) = segment.file_range();
+                                        (offset, size, segment.address())
+                                    })
+                                    .collect();
+                                Choice::DebugFile(debug, segments)
+                            }
+                            None => Choice::Symbols,
+                        }
+                    };
+                    (PltNames::of(&elf), choice)
+                }
+                Err(_) => (PltNames::default(), Choice::Symbols),
             }
-            None => NameSource::Symbols(path.into()),
-        }
+        };
+        let mut note = None;
+        let names = match choice {
+            Choice::Symbols => {
+                NameSource { file: Stable::of(file, open, Need::Symbols)?, dwarf: false, segments: None }
+            }
+            Choice::DebugFile(debug, segments) => {
+                match mapped::open(&debug, None)
+                    .and_then(|debug_file| Stable::of(debug_file, &debug, Need::Symbols))
+                {
+                    Ok(stable) => NameSource { file: stable, dwarf: false, segments: Some(segments) },
+                    // Its own symbol table, then.
+                    Err(_) => NameSource {
+                        file: Stable::of(file, open, Need::Symbols)?,
+                        dwarf: false,
+                        segments: None,
+                    },
+                }
+            }
+            Choice::Dwarf => {
+                let refused = |why: String| {
+                    format!(
+                        "could not read the debug info of {}: {why}; its functions are named from its symbol table",
+                        shown.display()
+                    )
+                };
+                match Stable::of(file.try_clone().map_err(io)?, open, Need::Dwarf) {
+                    Ok(stable) => {
+                        let checked = stable
+                            .map()
+                            .map_err(|error| error.to_string())
+                            .and_then(|map| mapped::debug_info(&map));
+                        note = checked.err().map(refused);
+                        // Its symbol tables are in the copy too.
+                        NameSource { dwarf: note.is_none(), file: stable, segments: None }
+                    }
+                    Err(MappedError::TooLarge { what, limit, .. }) => {
+                        note = Some(refused(format!(
+                            "{what} is over the {} sysprof copies from a file another user can change",
+                            crate::report::format::bytes(limit)
+                        )));
+                        NameSource {
+                            file: Stable::of(file, open, Need::Symbols)?,
+                            dwarf: false,
+                            segments: None,
+                        }
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+        };
+        Ok((MappedFile { names, plt, answers: HashMap::new() }, note))
     }
+}
 
+/// The separate debug file of an ELF file (by its build id, where a -dbg package puts it), when
+/// there is one that may name its functions: any, for a file of root's; for anyone else's, one
+/// every user may read (else a user's program that claims the build id of a file only root may
+/// read would have that file's names in its profile).
+fn separate_debug_file<'data, R: object::ReadRef<'data>>(
+    elf: &object::File<'data, R>,
+    root_owned: bool,
+) -> Option<PathBuf> {
+    use object::Object as _;
+    use std::os::unix::fs::MetadataExt as _;
+    let id = elf.build_id().ok().flatten().filter(|id| id.len() > 1)?;
+    let hex = hex::encode(id);
+    let debug = PathBuf::from(format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
+    let meta = std::fs::metadata(&debug).ok()?;
+    (meta.is_file() && (root_owned || meta.mode() & 0o004 != 0)).then_some(debug)
+}
+
+impl NameSource {
     /// The file blazesym reads, and whether it reads its DWARF.
     fn elf(&self) -> Elf {
-        let (NameSource::Dwarf(path) | NameSource::Symbols(path) | NameSource::DebugFile(path, _)) = self;
-        let mut elf = Elf::new(path.clone());
-        elf.debug_syms = matches!(self, NameSource::Dwarf(_));
+        let mut elf = Elf::new(self.file.fd_path());
+        elf.debug_syms = self.dwarf;
         elf
     }
 
     /// What blazesym is asked for the file offsets `offsets`.
     fn input(&self, offsets: &[u64]) -> Vec<u64> {
-        match self {
-            NameSource::DebugFile(_, segments) => offsets
+        match &self.segments {
+            Some(segments) => offsets
                 .iter()
                 .map(|&offset| {
                     segments
@@ -218,7 +293,7 @@ impl NameSource {
                         .map_or(0, |(start, _, address)| offset - start + address)
                 })
                 .collect(),
-            _ => offsets.to_vec(),
+            None => offsets.to_vec(),
         }
     }
 }
@@ -236,13 +311,13 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             .enable_code_info(false)
             .build();
+        // Every file read is held open, twice (here and by blazesym).
+        mapped::allow_open_files();
         Symbolizer {
             blazesym: Some(blazesym),
             known: Symbols::default(),
             perf_maps: HashMap::new(),
-            plt: HashMap::new(),
-            names: HashMap::new(),
-            by_file: HashMap::new(),
+            files: HashMap::new(),
             keep_answers: false,
         }
     }
@@ -266,9 +341,7 @@ impl Symbolizer {
             blazesym: None,
             known,
             perf_maps: HashMap::new(),
-            plt: HashMap::new(),
-            names: HashMap::new(),
-            by_file: HashMap::new(),
+            files: HashMap::new(),
             keep_answers: true,
         }
     }
@@ -276,6 +349,12 @@ impl Symbolizer {
     /// Every answer given so far (only the kernel's unless `keeping_answers`).
     pub fn answers(&self) -> &Symbols {
         &self.known
+    }
+
+    /// What could not be read, each said once: for the report's limitations (and the terminal,
+    /// in a live run).
+    pub fn notes(&self) -> &[String] {
+        &self.known.notes
     }
 
     /// Kernel addresses already named (by the kernel itself, see `ksyms.rs`): no kallsyms to
@@ -364,12 +443,22 @@ impl Symbolizer {
         for (mapping, addrs) in by_mapping.into_values() {
             let module = mapping.module_name();
             match &mapping.backing {
-                Backing::File { open, .. } => {
-                    self.symbolize_file(open.to_path_buf(), mapping, &module, &addrs, &mut result)
+                Backing::File { path, open, key } => {
+                    self.symbolize_file((*key, open.clone()), path, mapping, &module, &addrs, &mut result)
                 }
                 Backing::Anonymous => {
-                    let perf_map =
-                        self.perf_maps.entry(pid).or_insert_with(|| PerfMap::read(pid, maps.owner()));
+                    let notes = &mut self.known.notes;
+                    let perf_map = self.perf_maps.entry(pid).or_insert_with(|| {
+                        PerfMap::read(pid, maps.owner()).unwrap_or_else(|why| {
+                            note(
+                                notes,
+                                format!(
+                                    "{why}; the JIT code of process {pid} shows as [unknown] {module}+offset"
+                                ),
+                            );
+                            None
+                        })
+                    });
                     for &addr in &addrs {
                         let frame = perf_map
                             .as_ref()
@@ -391,19 +480,39 @@ impl Symbolizer {
 
     fn symbolize_file(
         &mut self,
-        path: PathBuf,
+        file: (FileKey, Arc<Path>),
+        shown: &Path,
         mapping: &Mapping,
         module: &str,
         addrs: &[u64],
         result: &mut HashMap<u64, Frames>,
     ) {
-        let file = FileId::of(&path);
-        let known = file.as_ref().and_then(|file| self.by_file.get(file));
-        // Keyed by offset: another process maps the file at another address.
+        let Some(blazesym) = &self.blazesym else { return };
+        let notes = &mut self.known.notes;
+        let opened = self.files.entry(file).or_insert_with_key(|(key, open)| {
+            match MappedFile::open(open, *key, shown) {
+                Ok((file, refused)) => {
+                    refused.into_iter().for_each(|line| note(notes, line));
+                    Some(file)
+                }
+                Err(error) => {
+                    if let Some(line) = unread(&error, shown, module) {
+                        note(notes, line);
+                    }
+                    None
+                }
+            }
+        });
+        let Some(opened) = opened else {
+            for &addr in addrs {
+                result.insert(addr, vec![Frame::unknown(module, mapping.file_offset_of(addr))]);
+            }
+            return;
+        };
         let (mut missing, mut offsets) = (Vec::new(), Vec::new());
         for &addr in addrs {
             let offset = mapping.file_offset_of(addr);
-            match known.and_then(|known| known.get(&offset)) {
+            match opened.answers.get(&offset) {
                 Some(frames) => {
                     result.insert(addr, frames.clone());
                 }
@@ -416,42 +525,59 @@ impl Symbolizer {
         if missing.is_empty() {
             return;
         }
-        let fresh = self.resolve_file(path, module, &offsets);
-        let mut known = file.map(|file| self.by_file.entry(file).or_default());
+        let fresh = resolve_file(blazesym, opened, module, &offsets);
         for ((&addr, &offset), frames) in missing.iter().zip(&offsets).zip(fresh) {
-            if let Some(known) = known.as_mut() {
-                known.insert(offset, frames.clone());
-            }
+            opened.answers.insert(offset, frames.clone());
             result.insert(addr, frames);
         }
     }
+}
 
-    /// The frames at each of `offsets` in the file at `path`.
-    fn resolve_file(&mut self, path: PathBuf, module: &str, offsets: &[u64]) -> Vec<Frames> {
-        let plt = self.plt.entry(path.clone()).or_insert_with(|| PltNames::read(&path));
-        let stubs: Vec<Option<String>> = offsets.iter().map(|&offset| plt.name(offset)).collect();
-        let names = self.names.entry(path).or_insert_with_key(|path| NameSource::of(path));
-        let source = Source::Elf(names.elf());
-        let Some(blazesym) = &self.blazesym else { return Vec::new() };
-        let resolved = match names {
-            NameSource::DebugFile(..) => {
-                blazesym.symbolize(&source, Input::VirtOffset(&names.input(offsets)))
-            }
-            _ => blazesym.symbolize(&source, Input::FileOffset(offsets)),
-        };
-        // One copy of the file's name for all its frames.
-        let shared_module: Arc<str> = module.into();
-        (0..offsets.len())
-            .map(|index| {
-                // A PLT stub is its function's, `puts@plt`, not the symbol before it.
-                let frames = match (&stubs[index], &resolved) {
-                    (Some(stub), _) => Some(vec![Frame::new(stub.as_str().into(), shared_module.clone())]),
-                    (None, Ok(symbols)) => frames_of(&symbols[index], &shared_module),
-                    (None, Err(_)) => None,
-                };
-                frames.unwrap_or_else(|| vec![Frame::unknown(module, offsets[index])])
-            })
-            .collect()
+/// The frames at each of `offsets` in `file`.
+fn resolve_file(blazesym: &Blazesym, file: &MappedFile, module: &str, offsets: &[u64]) -> Vec<Frames> {
+    let names = &file.names;
+    let source = Source::Elf(names.elf());
+    let resolved = match names.segments {
+        Some(_) => blazesym.symbolize(&source, Input::VirtOffset(&names.input(offsets))),
+        None => blazesym.symbolize(&source, Input::FileOffset(offsets)),
+    };
+    // One copy of the file's name for all its frames.
+    let shared_module: Arc<str> = module.into();
+    offsets
+        .iter()
+        .enumerate()
+        .map(|(index, &offset)| {
+            // A PLT stub is its function's, `puts@plt`, not the symbol before it.
+            let frames = match (file.plt.name(offset), &resolved) {
+                (Some(stub), _) => Some(vec![Frame::new(stub.into(), shared_module.clone())]),
+                (None, Ok(symbols)) => frames_of(&symbols[index], &shared_module),
+                (None, Err(_)) => None,
+            };
+            frames.unwrap_or_else(|| vec![Frame::unknown(module, offset)])
+        })
+        .collect()
+}
+
+/// Adds `line` to `notes` unless it is there.
+fn note(notes: &mut Vec<String>, line: String) {
+    if !notes.contains(&line) {
+        notes.push(line);
+    }
+}
+
+/// What the report says of a mapped file that was not read (`shown`: its path as the process
+/// mapped it), where that is news: a file gone with its process, or one that is no ELF file,
+/// keeps its frames unnamed as always.
+fn unread(error: &MappedError, shown: &Path, module: &str) -> Option<String> {
+    let frames = format!("its frames show as [unknown] {module}+offset");
+    match error {
+        MappedError::Changed { then, now, .. } => Some(format!(
+            "{} changed during the trace: another file is there now than the one the process mapped \
+             ({then} then, {now} now), so it was not read and {frames}",
+            shown.display()
+        )),
+        MappedError::CutShort { .. } | MappedError::TooLarge { .. } => Some(format!("{error}; {frames}")),
+        MappedError::NotElf { .. } | MappedError::Input(_) => None,
     }
 }
 
@@ -482,24 +608,37 @@ struct PerfMap {
     symbols: Vec<(u64, u64, String)>,
 }
 
+/// What sysprof reads of a perf map at most: a JIT's names for a day's run take a few MB (node
+/// with `--perf-basic-prof` appends to it for as long as it runs).
+const PERF_MAP_LIMIT: u64 = 64 << 20;
+
 impl PerfMap {
     /// The runtime's perf map, read only when the process itself (or root) wrote it: /tmp is
-    /// anyone's, and sysprof reads as root. So no symlink (`O_NOFOLLOW`), a regular file, owned
-    /// by the process's user or root, writable by no one else (as perf checks it).
-    fn read(pid: u32, owner: Option<u32>) -> Option<Self> {
-        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    /// anyone's, and sysprof reads as root. So no symlink (`O_NOFOLLOW`), a regular file (a FIFO
+    /// would block the read for good), opened without blocking, owned by the process's user or
+    /// root, writable by no one else (as perf checks it), and not over [`PERF_MAP_LIMIT`]. `Ok(None)`
+    /// where there is none; `Err` says why one is not read.
+    fn read(pid: u32, owner: Option<u32>) -> Result<Option<Self>, String> {
+        use std::os::unix::fs::MetadataExt as _;
         let owner = owner.unwrap_or(0);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(format!("/tmp/perf-{pid}.map"))
-            .ok()?;
-        let meta = file.metadata().ok()?;
-        if !meta.is_file() || (meta.uid() != owner && meta.uid() != 0) || meta.mode() & 0o022 != 0 {
-            return None;
+        let path = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        let file = match crate::input::open_regular(&path, Links::Refuse) {
+            Ok(file) => file,
+            Err(InputError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None);
+            }
+            Err(error) => return Err(error.to_string()),
+        };
+        let meta = file.metadata().map_err(|error| format!("{}: {error}", path.display()))?;
+        if meta.uid() != owner && meta.uid() != 0 {
+            return Err(format!("{}: not written by process {pid}'s user, so not read", path.display()));
         }
-        let text = std::io::read_to_string(file).ok()?;
-        Some(Self::parse(&text))
+        if meta.mode() & 0o022 != 0 {
+            return Err(format!("{}: others can write it, so it is not read", path.display()));
+        }
+        let bytes =
+            crate::input::read_bounded(file, &path, PERF_MAP_LIMIT).map_err(|error| error.to_string())?;
+        Ok(Some(Self::parse(&String::from_utf8_lossy(&bytes))))
     }
 
     fn parse(text: &str) -> Self {
@@ -595,16 +734,96 @@ mod tests {
         }
     }
 
+    /// A program with compressed DWARF (`-gz=zlib`) as a file's mapping, and the address of
+    /// function `name` in it; with `lie`, its `.debug_info` header claims 1 TiB.
+    fn compressed_dwarf_program(dir: &Path, lie: bool, name: &str) -> (ProcessMaps, u64) {
+        use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+        let source = dir.join("prog.c");
+        std::fs::write(
+            &source,
+            "__attribute__((noinline)) int compressed_dwarf_fn(int x) { return x * 3; }\n\
+                                 int main(int c, char **v) { return compressed_dwarf_fn(c); }\n",
+        )
+        .unwrap();
+        let path = dir.join("prog");
+        let built = std::process::Command::new("cc")
+            .args(["-O1", "-g", "-gz=zlib", "-o"])
+            .arg(&path)
+            .arg(&source)
+            .status()
+            .unwrap();
+        assert!(built.success());
+        let mut bytes = std::fs::read(&path).unwrap();
+        let (offset, address) = {
+            let elf = object::File::parse(&*bytes).unwrap();
+            let info = elf.section_by_name(".debug_info").unwrap().file_range().unwrap().0 as usize;
+            let symbol = elf.symbols().find(|s| s.name() == Ok(name)).unwrap();
+            (info, crate::uprobes::elf::file_offset(&elf, &symbol).unwrap())
+        };
+        if lie {
+            bytes[offset + 8..offset + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let key = FileKey::of(&std::fs::metadata(&path).unwrap());
+        let mapping = Mapping {
+            start: 0x10000,
+            end: 0x10000 + bytes.len() as u64,
+            file_offset: 0,
+            backing: Backing::File { path: path.as_path().into(), open: path.as_path().into(), key },
+        };
+        (ProcessMaps::from_mappings(vec![mapping]), 0x10000 + address)
+    }
+
     #[test]
-    fn a_file_changed_in_place_is_another_file() {
+    fn a_file_whose_compressed_debug_info_lies_is_named_from_its_symbol_table() {
         let dir = tempfile::tempdir().unwrap();
+        // Its DWARF read: the inlined-function names come with it, and no note.
+        let (maps, address) = compressed_dwarf_program(dir.path(), false, "compressed_dwarf_fn");
+        let mut symbolizer = Symbolizer::new();
+        let frames = symbolizer.user(1, Some(&maps), &[address]);
+        assert_eq!(&*frames[&address][0].function, "compressed_dwarf_fn");
+        assert_eq!(symbolizer.notes(), &[] as &[String]);
+        // Claiming 1 TiB: read from its symbol table, said once.
+        let (maps, address) = compressed_dwarf_program(dir.path(), true, "compressed_dwarf_fn");
+        let mut symbolizer = Symbolizer::new();
+        for _ in 0..2 {
+            let frames = symbolizer.user(1, Some(&maps), &[address, address + 1]);
+            assert_eq!(&*frames[&address][0].function, "compressed_dwarf_fn");
+        }
         let path = dir.path().join("prog");
-        std::fs::write(&path, b"one").unwrap();
-        let before = FileId::of(&path).unwrap();
-        let file = std::fs::File::options().write(true).open(&path).unwrap();
-        file.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5)).unwrap();
-        assert_ne!(FileId::of(&path).unwrap(), before);
-        assert_eq!(FileId::of(&path).unwrap(), FileId::of(&path).unwrap());
+        assert_eq!(symbolizer.notes().len(), 1, "{:?}", symbolizer.notes());
+        let note = &symbolizer.notes()[0];
+        assert!(
+            note.starts_with(&format!(
+                "could not read the debug info of {}: its .debug_info claims 1.0 TiB",
+                path.display()
+            )),
+            "{note}"
+        );
+        assert!(note.ends_with("; its functions are named from its symbol table"), "{note}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_the_one_mapped_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (maps, address) = compressed_dwarf_program(dir.path(), false, "compressed_dwarf_fn");
+        // Another file at the path, the same bytes; the one mapped is elsewhere (its process
+        // holds it, so its inode is not reused).
+        let path = dir.path().join("prog");
+        std::fs::rename(&path, dir.path().join("prog.mapped")).unwrap();
+        std::fs::copy(dir.path().join("prog.mapped"), &path).unwrap();
+        let mut symbolizer = Symbolizer::new();
+        let frames = symbolizer.user(1, Some(&maps), &[address]);
+        assert_eq!(*frames[&address][0].function, *format!("[unknown] prog+{:#x}", address - 0x10000));
+        let note = &symbolizer.notes()[0];
+        assert!(
+            note.starts_with(&format!(
+                "{} changed during the trace: another file is there now",
+                path.display()
+            )),
+            "{note}"
+        );
+        assert!(note.ends_with("so it was not read and its frames show as [unknown] prog+offset"), "{note}");
     }
 
     #[test]
@@ -616,6 +835,7 @@ mod tests {
             backing: Backing::File {
                 path: std::path::Path::new("/nonexistent/libfoo.so").into(),
                 open: std::path::Path::new("/nonexistent/libfoo.so").into(),
+                key: FileKey::default(),
             },
         }]);
         let frames = Symbolizer::new().user(1, Some(&maps), &[0x1234, 0x9000]);
@@ -634,29 +854,57 @@ mod tests {
         let real = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(real.path(), "1000 10 planted\n").unwrap();
         std::os::unix::fs::symlink(real.path(), &path).unwrap();
-        assert!(PerfMap::read(pid, Some(me)).is_none(), "followed a symlink");
+        let linked = PerfMap::read(pid, Some(me)).map(|map| map.is_none()).unwrap_err();
+        assert!(linked.ends_with("a symbolic link, which sysprof does not follow here"), "{linked}");
         std::fs::remove_file(&path).unwrap();
         std::fs::write(&path, "1000 10 jitted\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(
-            PerfMap::read(pid, Some(me)).and_then(|m| m.find(0x1004).map(String::from)).as_deref(),
+            PerfMap::read(pid, Some(me)).unwrap().and_then(|m| m.find(0x1004).map(String::from)).as_deref(),
             Some("jitted")
         );
         // Planted by another user than the process's: as root, give it away; else ask for it
         // as the map of someone else's process.
         let planted = if me == 0 {
             std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
-            let read = PerfMap::read(pid, Some(0)).is_none();
+            let read = PerfMap::read(pid, Some(0)).is_err();
             std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
             read
         } else {
-            PerfMap::read(pid, Some(me + 1)).is_none()
+            PerfMap::read(pid, Some(me + 1)).is_err()
         };
         assert!(planted, "a map of another user than the process's was read");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
-        let writable = PerfMap::read(pid, Some(me)).is_none();
+        let writable = PerfMap::read(pid, Some(me)).is_err();
         std::fs::remove_file(&path).unwrap();
         assert!(writable, "a map anyone can write was read");
+    }
+
+    #[test]
+    fn a_perf_map_that_is_a_fifo_or_too_large_is_refused_at_once() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let pid = 4_100_000 + std::process::id() % 100_000;
+        let path = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        let me = nix::unistd::geteuid().as_raw();
+        let _ = std::fs::remove_file(&path);
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let started = std::time::Instant::now();
+        let fifo = PerfMap::read(pid, Some(me)).map(|map| map.is_some());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "the open of a FIFO blocked");
+        std::fs::remove_file(&path).unwrap();
+        let fifo = fifo.unwrap_err();
+        assert!(
+            fifo.ends_with("not a regular file (a FIFO); sysprof reads only regular files here"),
+            "{fifo}"
+        );
+        // Sparse: claims 4 GiB, holds nothing.
+        std::fs::File::create(&path).unwrap().set_len(4 << 30).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let large = PerfMap::read(pid, Some(me)).map(|map| map.is_some());
+        std::fs::remove_file(&path).unwrap();
+        let large = large.unwrap_err();
+        assert!(large.ends_with("larger than the 64.0 MiB sysprof reads from such a file"), "{large}");
+        assert!(matches!(PerfMap::read(pid, Some(me)), Ok(None)), "no map is no error");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use sysprof_common::{CallKey, CallStats};
 use crate::{
     callsites::Names,
     latency::{self, Percentiles},
+    mapped::FileKey,
     privileges::InvokingUser,
     probes::Probes,
     procmaps::Backing,
@@ -93,8 +94,8 @@ impl FuncTracer {
     /// maps a file of that name.
     pub fn attach_ready(&mut self, probes: &mut Probes, processes: &ProcessTable, version: u64) {
         self.attach_found(probes, |name| {
-            let (path, open) = find_mapped(processes, version, name)?;
-            Some(Binary::open(&open, None).map_err(|error| (path, error.to_string())))
+            let (path, open, key) = find_mapped(processes, version, name)?;
+            Some(Binary::mapped(&open, key).map_err(|error| (path, error.to_string())))
         });
     }
 
@@ -215,12 +216,12 @@ pub fn rows(
 }
 
 /// A file the target maps whose name is `name` (or starts with it: `libc.so` finds libc.so.6):
-/// its path as the target saw it, and where sysprof opens it.
-fn find_mapped(processes: &ProcessTable, version: u64, name: &str) -> Option<(PathBuf, PathBuf)> {
+/// its path as the target saw it, where sysprof opens it, and the file's identity.
+fn find_mapped(processes: &ProcessTable, version: u64, name: &str) -> Option<(PathBuf, PathBuf, FileKey)> {
     processes.changed_since(version).find_map(|(_, record)| {
         record.maps.as_ref()?.mappings().iter().find_map(|mapping| match &mapping.backing {
-            Backing::File { path, open } if file_matches(path, name) => {
-                Some((path.to_path_buf(), open.to_path_buf()))
+            Backing::File { path, open, key } if file_matches(path, name) => {
+                Some((path.to_path_buf(), open.to_path_buf(), *key))
             }
             _ => None,
         })

@@ -133,14 +133,16 @@ impl GpuTracer {
         for (_, record) in processes.changed_since(version) {
             let Some(maps) = &record.maps else { continue };
             for mapping in maps.mappings() {
-                let Backing::File { open, .. } = &mapping.backing else { continue };
+                let Backing::File { open, key, .. } = &mapping.backing else { continue };
                 if self.seen.contains(&**open) {
                     continue;
                 }
                 self.seen.insert(open.to_path_buf());
                 let library = library_of(open);
                 let candidate = library.is_some() || (mapping.file_offset == 0 && !is_shared_library(open));
-                let Some(file) = candidate.then(|| Binary::open(open, None).ok()).flatten() else { continue };
+                let Some(file) = candidate.then(|| Binary::mapped(open, *key).ok()).flatten() else {
+                    continue;
+                };
                 match library {
                     Some(library) => found.push((library, file)),
                     // An executable that links the runtime statically exports its API.

@@ -112,14 +112,14 @@ impl HeapTracer {
         for (pid, record) in processes.changed_since(version).filter(|(_, record)| !record.exited) {
             let Some(maps) = &record.maps else { continue };
             for mapping in maps.mappings() {
-                let Backing::File { open, .. } = &mapping.backing else { continue };
+                let Backing::File { open, key, .. } = &mapping.backing else { continue };
                 let Some(file) = uprobes::file_id(open) else { continue };
                 if self.done.contains(&(self.scope_pid(pid), file)) {
                     continue;
                 }
                 let allocator = allocator_of(open);
                 let candidate = allocator.is_some() || (mapping.file_offset == 0 && !is_shared_library(open));
-                let opened = candidate.then(|| Binary::open(open, None).ok()).flatten();
+                let opened = candidate.then(|| Binary::mapped(open, *key).ok()).flatten();
                 match (allocator, opened) {
                     (Some(allocator), Some(opened)) => found.push((pid, allocator, opened)),
                     // A program with its own allocator linked in (static binaries, jemalloc

@@ -63,13 +63,13 @@ pub fn module_files(
     for (_, record) in processes.iter() {
         let Some(maps) = &record.maps else { continue };
         for mapping in maps.mappings() {
-            let Backing::File { path, open } = &mapping.backing else { continue };
+            let Backing::File { path, open, key } = &mapping.backing else { continue };
             let module = mapping.module_name();
             if !modules.contains(module.as_str()) || files.contains_key(&module) {
                 continue;
             }
             let path = path.display().to_string();
-            let build_id = if read_build_ids { build_id(open) } else { known.get(&path).cloned() };
+            let build_id = if read_build_ids { build_id(open, *key) } else { known.get(&path).cloned() };
             let file = ModuleFile { path, build_id };
             files.insert(module, file);
         }
@@ -77,12 +77,12 @@ pub fn module_files(
     files
 }
 
-/// The GNU build id of an ELF file, in hex.
-fn build_id(path: &std::path::Path) -> Option<String> {
+/// The GNU build id of the file a process mapped (see `mapped::open`), in hex.
+fn build_id(path: &std::path::Path, key: crate::mapped::FileKey) -> Option<String> {
     use object::Object as _;
-    let file = std::fs::File::open(path).ok()?;
-    let cache = object::ReadCache::new(file);
-    let elf = object::File::parse(&cache).ok()?;
+    let file = crate::mapped::open(path, Some(key)).ok()?;
+    let data = crate::mapped::Bounded::new(&file, crate::mapped::READ_LIMIT);
+    let elf = object::File::parse(&data).ok()?;
     let id = elf.build_id().ok()??;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -59,6 +59,8 @@ pub(super) struct Listed {
     pub start: u64,
     pub end: u64,
     pub offset: u64,
+    /// The mapped file's device (as `stat` gives it) and inode; 0 for anonymous memory.
+    pub device: u64,
     pub inode: u64,
     /// The maps file's name of it: a path (with " (deleted)" after a file removed since),
     /// `[vdso]`, or empty for anonymous memory.
@@ -112,6 +114,7 @@ pub(super) fn executable_mappings(pid: u32) -> Option<io::Result<Vec<Listed>>> {
             start: query.vma_start,
             end: query.vma_end,
             offset: query.vma_offset,
+            device: libc::makedev(query.dev_major, query.dev_minor),
             inode: query.inode,
             name: text.to_owned(),
         });

@@ -10,6 +10,8 @@ use anyhow::{Context as _, bail};
 use object::{Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _};
 use sysprof_common::python::{PythonProcess, entry, thread_match};
 
+use crate::mapped::{self, Bounded, FileKey, MappedError};
+
 /// Offsets in `PyCodeObject` and the string objects it points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CodeLayout {
@@ -40,17 +42,34 @@ pub struct Interpreter {
 }
 
 impl Interpreter {
-    /// The CPython in the ELF file at `path`: `Ok(None)` when the file holds none, an error
-    /// when it holds one sysprof cannot read.
-    pub fn find(path: &Path) -> anyhow::Result<Option<Interpreter>> {
-        // Mapped, not read: a libpython with its debug info is 30 MB, and this runs in the
-        // collect loop, before the process's unwind entry is written.
-        let opened = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        // SAFETY: a read-only private mapping; a file changed under it gives wrong bytes, not
-        // undefined behaviour, as `object` checks every offset it reads.
-        let data =
-            unsafe { memmap2::Mmap::map(&opened) }.with_context(|| format!("mapping {}", path.display()))?;
-        let file = object::File::parse(&*data).context("not an ELF file")?;
+    /// The CPython in the ELF file at `path` (with `key`, only the file a process mapped: see
+    /// `mapped::open`): `Ok(None)` when the file holds none, an error when it holds one sysprof
+    /// cannot read.
+    pub fn find(path: &Path, key: Option<FileKey>) -> anyhow::Result<Option<Interpreter>> {
+        let opened = mapped::open(path, key).map_err(|error| match error {
+            MappedError::Changed { .. } => anyhow::anyhow!("it is not the file the process mapped any more"),
+            error => error.into(),
+        })?;
+        // Mapped where only root can change the file (0.2 ms for libpython3.12, whose debug info
+        // makes it 30 MB, and this runs in the collect loop); read within a bound where anyone
+        // else can (2 ms: `object` reads its symbol table whole), who could cut it short under
+        // a mapping (SIGBUS).
+        match mapped::map_if_only_root_writes(&opened)
+            .with_context(|| format!("mapping {}", path.display()))?
+        {
+            Some(map) => Self::find_in(path, &object::File::parse(&*map).context("not an ELF file")?),
+            None => {
+                let data = Bounded::new(&opened, mapped::READ_LIMIT);
+                Self::find_in(path, &object::File::parse(&data).context("not an ELF file")?)
+            }
+        }
+    }
+
+    /// The CPython in `file`, read from `path`.
+    fn find_in<'a, R: object::ReadRef<'a>>(
+        path: &Path,
+        file: &object::File<'a, R>,
+    ) -> anyhow::Result<Option<Interpreter>> {
         // The symbols needed are exported (extension modules link against them), so the dynamic
         // table, which is small, has them: the full one (libtorch_python's is huge) is not read.
         let defined = |name: &str| {
@@ -62,7 +81,7 @@ impl Interpreter {
         let code_type = defined("PyCode_Type").context("no PyCode_Type")?;
         let version = match defined("Py_Version") {
             Some(address) => {
-                let bytes = bytes_at(&file, address, 4).context("reading Py_Version")?;
+                let bytes = bytes_at(file, address, 4).context("reading Py_Version")?;
                 let hex = u32::from_le_bytes(bytes.try_into().unwrap_or_default());
                 ((hex >> 24) as u8, (hex >> 16) as u8)
             }
@@ -74,7 +93,7 @@ impl Interpreter {
             (3, 11) => (v3_11(), code_3_11()),
             (3, 12) => (v3_12(), code_3_12()),
             (3, 13) => {
-                let offsets = bytes_at(&file, runtime, DEBUG_OFFSETS_SIZE)
+                let offsets = bytes_at(file, runtime, DEBUG_OFFSETS_SIZE)
                     .context("reading _Py_DebugOffsets at the start of _PyRuntime")?;
                 debug_offsets(offsets)?
             }
@@ -108,7 +127,11 @@ fn version_in_name(path: &Path) -> Option<(u8, u8)> {
 }
 
 /// `len` bytes of initialized data at file address `address`.
-fn bytes_at<'a>(file: &object::File<'a, &'a [u8]>, address: u64, len: u64) -> Option<&'a [u8]> {
+fn bytes_at<'a, R: object::ReadRef<'a>>(
+    file: &object::File<'a, R>,
+    address: u64,
+    len: u64,
+) -> Option<&'a [u8]> {
     file.sections()
         .find(|section| section.address() <= address && address + len <= section.address() + section.size())
         .and_then(|section| section.data_range(address, len).ok().flatten())

@@ -181,17 +181,19 @@ impl Python {
     /// The interpreter a process has mapped, and its entry for the kernel.
     fn interpreter_of(&mut self, maps: &ProcessMaps) -> Option<(Target, PythonProcess, (u8, u8))> {
         for mapping in maps.mappings() {
-            let Backing::File { path, open, .. } = &mapping.backing else { continue };
+            let Backing::File { path, open, key } = &mapping.backing else { continue };
             // Only a CPython executable or libpython holds `_PyRuntime`: skip reading the rest.
             if !path.file_name().is_some_and(|name| name.to_string_lossy().contains("python")) {
                 continue;
             }
             let interpreter =
-                self.files.entry(open.to_path_buf()).or_insert_with(|| match Interpreter::find(open) {
-                    Ok(found) => found,
-                    Err(error) => {
-                        self.summary.unsupported.push(format!("{}: {error:#}", path.display()));
-                        None
+                self.files.entry(open.to_path_buf()).or_insert_with(|| {
+                    match Interpreter::find(open, Some(*key)) {
+                        Ok(found) => found,
+                        Err(error) => {
+                            self.summary.unsupported.push(format!("{}: {error:#}", path.display()));
+                            None
+                        }
                     }
                 });
             let Some(interpreter) = interpreter else { continue };

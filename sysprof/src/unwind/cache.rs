@@ -24,6 +24,7 @@ use anyhow::Context as _;
 use sysprof_common::unwind::{UnwindRow, cfa, rbp};
 
 use super::tables::Table;
+use crate::mapped::{self, FileKey, Need, Stable};
 
 /// The name sysprof gives the kernel's vDSO among the files it builds tables for: the vDSO is
 /// the same image in every process, so sysprof reads its own.
@@ -46,28 +47,26 @@ enum Bytes {
 }
 
 impl Source {
-    /// Maps the file read-only (a 500 MB library costs only the pages its tables live in).
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
+    /// Maps the file read-only (a 500 MB library costs only the pages its tables live in), or a
+    /// copy of its call frame information where others can change it (see `mapped::Stable`);
+    /// with `key`, only the file a process mapped (see `mapped::open`).
+    pub fn open(path: &Path, key: Option<FileKey>) -> anyhow::Result<Self> {
         let bytes = if path == Path::new(VDSO) {
             Bytes::Owned(own_vdso().context("reading the vDSO")?)
         } else {
-            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-            // SAFETY: mapped read-only and private; a file truncated under sysprof can fault
-            // (SIGBUS) only while its table is built, as for any reader of a mapped file.
-            Bytes::Mapped(
-                unsafe { memmap2::Mmap::map(&file) }
-                    .with_context(|| format!("mapping {}", path.display()))?,
-            )
+            let stable = Stable::of(mapped::open(path, key)?, path, Need::Unwind)?;
+            Bytes::Mapped(stable.map().with_context(|| format!("mapping {}", path.display()))?)
         };
         Ok(Source { bytes })
     }
 
-    /// Maps `file`, opened from `path` by the caller (see `describe_tables`).
-    pub fn map(file: &File, path: &Path) -> anyhow::Result<Self> {
-        // SAFETY: as in `open`.
-        let map =
-            unsafe { memmap2::Mmap::map(file) }.with_context(|| format!("mapping {}", path.display()))?;
-        Ok(Source { bytes: Bytes::Mapped(map) })
+    /// The bytes of `file`, opened from `path` by the caller (see `describe_tables`), read as
+    /// `open` reads a mapped file: through a sealed copy where anyone but root can write it.
+    pub fn stable(file: File, path: &Path) -> anyhow::Result<Self> {
+        let stable = Stable::of(file, path, Need::Unwind)?;
+        Ok(Source {
+            bytes: Bytes::Mapped(stable.map().with_context(|| format!("mapping {}", path.display()))?),
+        })
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -371,7 +370,7 @@ mod tests {
 
     #[test]
     fn the_vdso_has_a_table() {
-        let source = Source::open(Path::new(VDSO)).unwrap();
+        let source = Source::open(Path::new(VDSO), None).unwrap();
         let table = super::super::tables::build(source.bytes()).unwrap();
         assert!(!table.rows.is_empty());
     }

@@ -28,6 +28,7 @@ use sysprof_common::unwind::{
 };
 
 use crate::{
+    mapped::{FileKey, MappedError},
     probes::Probes,
     procmaps::{Backing, ProcessMaps},
     procs::ProcessTable,
@@ -67,6 +68,10 @@ enum FileState {
     Without,
 }
 
+/// A file to build a table of: where it is opened, and the file a process mapped there, when
+/// one did (see `mapped::open`).
+type Request = (PathBuf, Option<FileKey>);
+
 /// A table the worker built or found in the cache.
 struct Built {
     open: PathBuf,
@@ -82,7 +87,7 @@ pub struct Unwinder {
     written: HashMap<u32, u64>,
     next_chunk: u32,
     capacity_chunks: u32,
-    requests: Option<mpsc::Sender<PathBuf>>,
+    requests: Option<mpsc::Sender<Request>>,
     replies: mpsc::Receiver<Built>,
     worker: Option<std::thread::JoinHandle<()>>,
     /// `ProcessTable::maps_version` at the last look.
@@ -106,14 +111,14 @@ pub struct Unwinder {
 impl Unwinder {
     /// An unwinder with `capacity_chunks` chunks of rows in the kernel (see `Probes::load`).
     pub fn new(capacity_chunks: u32) -> Self {
-        let (requests, inbox) = mpsc::channel::<PathBuf>();
+        let (requests, inbox) = mpsc::channel::<Request>();
         let (outbox, replies) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("sysprof-unwind".into())
             .spawn(move || {
                 let cache = cache::Cache::open();
-                for open in inbox {
-                    let result = build_one(&open, cache.as_ref());
+                for (open, key) in inbox {
+                    let result = build_one(&open, key, cache.as_ref());
                     if outbox.send(Built { open, result }).is_err() {
                         break;
                     }
@@ -208,7 +213,7 @@ impl Unwinder {
     fn ask(&mut self, open: PathBuf) {
         if !self.files.contains_key(&open)
             && let Some(requests) = &self.requests
-            && requests.send(open.clone()).is_ok()
+            && requests.send((open.clone(), None)).is_ok()
         {
             self.files.insert(open, FileState::Pending);
         }
@@ -434,7 +439,7 @@ fn write_mapped(fd: std::os::fd::BorrowedFd<'_>, offset: usize, bytes: &[u8]) ->
 /// worker for it where it was never asked), frame pointers elsewhere.
 fn entry_for(
     files: &mut HashMap<PathBuf, FileState>,
-    requests: Option<&mpsc::Sender<PathBuf>>,
+    requests: Option<&mpsc::Sender<Request>>,
     maps: &ProcessMaps,
 ) -> Box<ProcessMappings> {
     let mappings = maps.mappings();
@@ -450,9 +455,9 @@ fn entry_for(
     });
     for (slot, mapping) in entry.mappings.iter_mut().zip(mappings) {
         *slot = ExecMapping { start: mapping.start, end: mapping.end, ..ExecMapping::default() };
-        let open = match &mapping.backing {
-            Backing::File { open, .. } => open.to_path_buf(),
-            Backing::Vdso => PathBuf::from(cache::VDSO),
+        let (open, key) = match &mapping.backing {
+            Backing::File { open, key, .. } => (open.to_path_buf(), Some(*key)),
+            Backing::Vdso => (PathBuf::from(cache::VDSO), None),
             _ => continue,
         };
         match files.get(&open) {
@@ -464,7 +469,7 @@ fn entry_for(
             Some(_) => {}
             None => {
                 if let Some(requests) = requests
-                    && requests.send(open.clone()).is_ok()
+                    && requests.send((open.clone(), key)).is_ok()
                 {
                     files.insert(open, FileState::Pending);
                 }
@@ -491,28 +496,27 @@ fn digest(mappings: &[ExecMapping]) -> u32 {
     hash.max(1)
 }
 
-/// Whether `path` starts as an ELF file does.
+/// Whether `path` is a regular file that starts as an ELF file does (opened without blocking:
+/// a FIFO put in a library's place would block an open for good).
 fn is_elf(path: &std::path::Path) -> bool {
     use std::io::Read as _;
     let mut magic = [0u8; 4];
     crate::input::open_regular(path, crate::input::Links::Follow)
-        .is_ok_and(|mut file| file.read_exact(&mut magic).is_ok() && magic == *b"\x7fELF")
+        .is_ok_and(|mut file| file.read_exact(&mut magic).is_ok())
+        && magic == *b"\x7fELF"
 }
 
-/// The dynamic loader a program names (PT_INTERP), if it is an ELF file that names one.
+/// The dynamic loader a program names (PT_INTERP), if it is an ELF file that names one. Its
+/// headers alone are read, not the whole program (which may be any size, or claim any size).
 fn interpreter(program: &std::path::Path) -> Option<PathBuf> {
     use object::read::elf::{FileHeader as _, ProgramHeader as _};
-    let mut data = Vec::new();
-    std::io::Read::read_to_end(
-        &mut crate::input::open_regular(program, crate::input::Links::Follow).ok()?,
-        &mut data,
-    )
-    .ok()?;
-    let header = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
+    let file = crate::input::open_regular(program, crate::input::Links::Follow).ok()?;
+    let data = crate::mapped::Bounded::new(&file, 1 << 20);
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(&data).ok()?;
     let endian = header.endian().ok()?;
-    let headers = header.program_headers(endian, &*data).ok()?;
+    let headers = header.program_headers(endian, &data).ok()?;
     let interp = headers.iter().find(|h| h.p_type(endian) == object::elf::PT_INTERP)?;
-    let bytes = interp.data(endian, &*data).ok()?;
+    let bytes = interp.data(endian, &data).ok()?;
     let path = bytes.split(|&b| b == 0).next()?;
     Some(PathBuf::from(std::str::from_utf8(path).ok()?))
 }
@@ -647,7 +651,7 @@ fn open_named(
 
     use crate::input::{InputError, Links, open_regular};
     if file == std::path::Path::new(cache::VDSO) {
-        return cache::Source::open(file);
+        return cache::Source::open(file, None);
     }
     let opened = crate::privileges::as_user(user, || open_regular(file, Links::Follow))
         .with_context(|| format!("opening {}", file.display()))?;
@@ -664,7 +668,7 @@ fn open_named(
         }
         (Err(error), _) => return Err(error.into()),
     };
-    cache::Source::map(&opened, file)
+    cache::Source::stable(opened, file)
 }
 
 /// Compares the cached table named `key` with `built`, the table of the file it names;
@@ -697,23 +701,29 @@ fn removed(cache: &cache::Cache, key: &cache::Key, path: &std::path::Path, what:
 /// long it took.
 fn build_one(
     open: &std::path::Path,
+    key: Option<FileKey>,
     cache: Option<&cache::Cache>,
 ) -> anyhow::Result<(tables::Table, bool, Duration)> {
     let started = Instant::now();
-    let source = cache::Source::open(open)?;
+    let source = cache::Source::open(open, key).map_err(|error| match error.downcast::<MappedError>() {
+        // The symbolizer says the file changed; said here as what it cost the stacks.
+        Ok(MappedError::Changed { .. }) => anyhow::anyhow!("it is not the file the process mapped any more"),
+        Ok(error) => error.into(),
+        Err(error) => error,
+    })?;
     // Copied out of the file, hashed and built from: the table is the one its name says even
     // if the file changes meanwhile.
     let inputs = tables::Inputs::read(source.bytes())?;
     drop(source);
-    let key = cache.map(|_| inputs.key());
-    if let (Some(cache), Some(key)) = (cache, &key)
-        && let Some(table) = cache.get(key)
+    let name = cache.map(|_| inputs.key());
+    if let (Some(cache), Some(name)) = (cache, &name)
+        && let Some(table) = cache.get(name)
     {
         return Ok((table, true, started.elapsed()));
     }
     let table = tables::build_from(&inputs)?;
-    if let (Some(cache), Some(key)) = (cache, &key) {
-        cache.put(key, &table);
+    if let (Some(cache), Some(name)) = (cache, &name) {
+        cache.put(name, &table);
     }
     Ok((table, false, started.elapsed()))
 }

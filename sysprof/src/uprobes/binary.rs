@@ -18,6 +18,7 @@ use std::{
 
 use crate::{
     input::{InputError, Links, open_regular},
+    mapped::{FileKey, MappedError},
     privileges::{InvokingUser, as_user},
 };
 
@@ -46,6 +47,14 @@ impl Binary {
             .map_err(|source| InputError::Io { path: path.to_path_buf(), source })??;
         let at = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
         Ok(Binary { shown: path.to_path_buf(), file: Arc::new(opened), at, opened_as: user.cloned() })
+    }
+
+    /// Opens the file a target maps from `open` (see `procmaps::Backing::File`): only the very
+    /// file it mapped (`key`, see `mapped::open`), as sysprof itself, shown by `open`.
+    pub fn mapped(open: &Path, key: FileKey) -> Result<Self, MappedError> {
+        let opened = crate::mapped::open(open, Some(key))?;
+        let at = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+        Ok(Binary { shown: open.to_path_buf(), file: Arc::new(opened), at, opened_as: None })
     }
 
     /// The path it is shown by.

@@ -1,10 +1,13 @@
 //! Where a function starts in an ELF file, for a uprobe: its exported symbols and their file
-//! offsets. Read through a cache, so a 400 MB library (libnccl) is not read whole.
+//! offsets. Read through a cache, so a 400 MB library (libnccl) is not read whole, with a bound
+//! (see `mapped::Bounded`), so a file whose headers claim more than it holds is not read either.
 
 use std::{collections::HashMap, fs::File, path::Path};
 
 use anyhow::Context as _;
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ReadCache, ReadRef};
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ReadRef};
+
+use crate::mapped::{self, Bounded};
 
 /// The functions a file defines: where each starts in the file, and how long it is.
 #[derive(Clone, Debug, Default)]
@@ -34,16 +37,16 @@ impl Exports {
 /// The functions `path` defines: its dynamic symbols, then its static symbol table when it has
 /// one (programs keep their own functions there).
 pub fn exported_functions(path: &Path) -> anyhow::Result<Exports> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = crate::input::open_regular(path, crate::input::Links::Follow)?;
     exports_of(file, path)
 }
 
 /// The functions `file` (opened from `path`) defines, as [`exported_functions`].
 pub fn exports_of(file: File, path: &Path) -> anyhow::Result<Exports> {
-    let cache = ReadCache::new(file);
+    let cache = Bounded::new(file, mapped::READ_LIMIT);
     let elf = object::File::parse(&cache).with_context(|| format!("reading ELF {}", path.display()))?;
     let mut exports = Exports::default();
-    let add = |exports: &mut Exports, symbol: object::Symbol<'_, '_, &ReadCache<File>>| {
+    let add = |exports: &mut Exports, symbol: object::Symbol<'_, '_, &Bounded<File>>| {
         if symbol.kind() != object::SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
             return;
         }
@@ -85,7 +88,9 @@ mod tests {
             .mappings()
             .iter()
             .find_map(|m| match &m.backing {
-                crate::procmaps::Backing::File { path, open } if m.module_name().starts_with("libc.so") => {
+                crate::procmaps::Backing::File { path, open, .. }
+                    if m.module_name().starts_with("libc.so") =>
+                {
                     let _ = path;
                     Some(open.clone())
                 }

@@ -164,7 +164,8 @@ pub fn entry_point(path: &Path, offset: u64, size: Option<u64>, past_test: bool)
     #[cfg(target_arch = "x86_64")]
     {
         use std::os::unix::fs::FileExt as _;
-        let Ok(file) = std::fs::File::open(path) else { return unknown };
+        // Without blocking: a FIFO put in a library's place would block an open for good.
+        let Ok(file) = crate::input::open_regular(path, crate::input::Links::Follow) else { return unknown };
         let read = |len: u64| {
             let mut code = vec![0u8; len as usize];
             let mut read = 0;

@@ -14,13 +14,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use object::{
-    ReadCache,
-    read::elf::{Dyn as _, FileHeader as _},
-};
+use object::read::elf::{Dyn as _, FileHeader as _};
 
 use crate::{
     input::{Links, open_regular},
+    mapped::{self, Bounded},
     privileges::{InvokingUser, as_user},
 };
 
@@ -107,11 +105,13 @@ struct Dynamic {
 }
 
 fn read_dynamic(path: &Path) -> Option<Dynamic> {
+    // Without blocking on a FIFO, and within a bound: a library a user put on the search path
+    // may be anything.
     read_dynamic_of(open_regular(path, Links::Follow).ok()?)
 }
 
 fn read_dynamic_of(file: File) -> Option<Dynamic> {
-    let cache = ReadCache::new(file);
+    let cache = Bounded::new(file, mapped::READ_LIMIT);
     let elf = object::read::elf::ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
     let endian = elf.endian();
     let header = elf.elf_header();
