@@ -10,7 +10,7 @@ use sysprof_common::{FaultKey, stack};
 use crate::{
     callsites,
     memory::MemoryDump,
-    procs::ProcessTable,
+    procs::{ImageOf, ProcessTable},
     profile::{self, ResolvedStacks, StackProfile, StackSample},
     symbolize::Symbolizer,
 };
@@ -61,6 +61,7 @@ pub fn fault_profile(
         comm: None,
         weight: *weight,
         tag: key.major,
+        image: ImageOf::Generation(key.exec_id),
     };
     let merged = profile::merge_by_process(
         fault_stacks,
@@ -141,15 +142,16 @@ pub fn heap_profile(
             next as i32
         })
     };
-    let mut live: HashMap<(u32, i32), u64> = HashMap::new();
+    let mut live: HashMap<(u32, u32, i32), u64> = HashMap::new();
     for (key, block) in &dump.live {
-        *live.entry((key.tgid, stack_of(block.user_stack_id, block.caller))).or_default() += block.size;
+        let stack = stack_of(block.user_stack_id, block.caller);
+        *live.entry((key.tgid, block.exec_id, stack)).or_default() += block.size;
     }
     let mut samples = Vec::with_capacity(dump.alloc_sites.len());
-    let mut counts: HashMap<(u32, i32), u64> = HashMap::new();
+    let mut counts: HashMap<(u32, u32, i32), u64> = HashMap::new();
     for (key, stats) in dump.alloc_sites.iter().filter(|(key, _)| key.tgid != sysprof_pid) {
         let id = stack_of(key.user_stack_id, key.caller);
-        *counts.entry((key.tgid, id)).or_default() += stats.count;
+        *counts.entry((key.tgid, key.exec_id, id)).or_default() += stats.count;
         samples.push(StackSample {
             tgid: key.tgid,
             tid: key.tgid,
@@ -158,12 +160,13 @@ pub fn heap_profile(
             comm: None,
             weight: stats.bytes,
             tag: 0,
+            image: ImageOf::Generation(key.exec_id),
         });
     }
     let live_samples: Vec<StackSample> = live
         .iter()
-        .filter(|((tgid, _), _)| *tgid != sysprof_pid)
-        .map(|(&(tgid, user_stack_id), &bytes)| StackSample {
+        .filter(|((tgid, _, _), _)| *tgid != sysprof_pid)
+        .map(|(&(tgid, exec_id, user_stack_id), &bytes)| StackSample {
             tgid,
             tid: tgid,
             user_stack_id,
@@ -171,6 +174,7 @@ pub fn heap_profile(
             comm: None,
             weight: bytes,
             tag: 0,
+            image: ImageOf::Generation(exec_id),
         })
         .collect();
     let every: Vec<StackSample> = samples.iter().chain(&live_samples).copied().collect();
@@ -178,22 +182,26 @@ pub fn heap_profile(
     let profile = profile::build(&samples, &resolved, processes, "bytes", |_, _| None);
     let live_profile = profile::build(&live_samples, &resolved, processes, "bytes", |_, _| None);
 
-    let mut sites: BTreeMap<(u32, String), AllocSite> = BTreeMap::new();
+    let mut sites: BTreeMap<(u32, String, String), AllocSite> = BTreeMap::new();
     for sample in &samples {
         let frames = resolved.frames(sample);
         let site = callsites::own_frame(&frames)
             .or(frames.last())
             .map(callsites::describe)
             .unwrap_or_else(|| "[no user stack]".into());
-        let row = sites.entry((sample.tgid, site.clone())).or_insert_with(|| AllocSite {
+        // Named as the program that allocated was.
+        let image = resolved.image_of(sample) as usize;
+        let process = processes.get(sample.tgid).map(|p| p.image(image).name.to_string()).unwrap_or_default();
+        let row = sites.entry((sample.tgid, process.clone(), site.clone())).or_insert_with(|| AllocSite {
             pid: sample.tgid,
-            process: processes.get(sample.tgid).map(|p| p.name.clone()).unwrap_or_default(),
+            process,
             site,
             allocations: 0,
             bytes: 0,
             live_bytes: 0,
         });
-        let key = (sample.tgid, sample.user_stack_id);
+        let ImageOf::Generation(exec_id) = sample.image else { continue };
+        let key = (sample.tgid, exec_id, sample.user_stack_id);
         row.allocations += counts.remove(&key).unwrap_or(0);
         row.live_bytes += live.remove(&key).unwrap_or(0);
         row.bytes += sample.weight;
