@@ -90,6 +90,8 @@ fn try_process_exec() {
     }
     // The old program's mappings are gone: frame pointers until userspace writes the new ones.
     crate::unwind::forget(tgid);
+    // And its heap blocks.
+    crate::memory::heap::exec_ended(tgid);
     // The new image's generation: what the stacks taken in it are keyed by from now on.
     emit(process_event::EXEC, tgid, 0, current_exec_id(), 0);
 }

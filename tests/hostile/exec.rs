@@ -180,7 +180,8 @@ fn assert_owned_by(dir: &Path, user: &TestUser) {
 
 /// `-- execer 1.5 busy 1` through sudo: the command runs as the user, its samples before the
 /// exec are execer's three functions (not `[unmapped code]` against busy's maps), its calls'
-/// sites and its heap's are execer's too, and busy's burn_hot is busy's.
+/// sites and its heap's are execer's too, and busy's burn_hot is busy's. execer's heap blocks
+/// are not live after the exec.
 #[test]
 #[ignore = "needs root: `cargo xtask test` runs it as root"]
 fn a_launched_command_that_execs_keeps_each_programs_samples() {
@@ -219,13 +220,23 @@ fn a_launched_command_that_execs_keeps_each_programs_samples() {
         function["callers"].as_array().unwrap().iter().filter_map(|caller| caller[0].as_str()).collect();
     callers.sort_unstable();
     assert_eq!(callers, ["exec_alpha (execer)", "exec_beta (execer)", "exec_gamma (execer)"], "{function:#}");
+    // Each program's stdout buffer: execer's went with its address space at the exec, busy's
+    // was live at its exit.
     let sites = report["memory"]["heap"]["sites"].as_array().unwrap();
-    for (process, site) in [("execer", "before_exec (execer)"), ("busy", "main (busy)")] {
+    for (process, site, live) in [("execer", "before_exec (execer)", 0), ("busy", "main (busy)", 4096)] {
         assert!(
-            sites.iter().any(|s| s["process"] == process && s["site"] == site && s["pid"] == pid),
-            "no heap site {site} of {process}: {sites:?}"
+            sites.iter().any(|s| s["process"] == process
+                && s["site"] == site
+                && s["pid"] == pid
+                && s["live_bytes"] == live),
+            "no heap site {site} of {process} with {live} bytes live: {sites:?}"
         );
     }
+    let heap =
+        &report["memory"]["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).unwrap()["heap"];
+    assert_eq!(heap["live"], 4096, "{heap:#}");
+    let in_use = read_folded(&dir.path().join("inuse.folded"));
+    assert!(in_use.iter().all(|(frames, _)| frames[0] == "busy"), "{in_use:?}");
     // The command's start (its wait at sysprof's gate, its execve) is under its name, sysprof's
     // code in it one frame: none of the launcher's own functions is named.
     for profile in ["cpu.folded", "offcpu.folded"] {

@@ -259,6 +259,19 @@ fn forget(tgid: u32, ptr: u64) {
     }
 }
 
+/// Process `tgid` replaced its program (an exec): its blocks went with its address space, and
+/// none is live from now on. Their entries stay in `LIVE_ALLOCS` (a block of the new program
+/// at one of their addresses takes its place), and userspace leaves out those of programs that
+/// ended (see `memory/profiles.rs::heap_profile`).
+#[inline(always)]
+pub fn exec_ended(tgid: u32) {
+    if let Some(process) = PROCESS_ALLOCS.get_ptr_mut(tgid) {
+        // SAFETY: map value pointer valid for this run; the exec'ing thread is its process's
+        // only one now, so no allocation of it races the write.
+        unsafe { (*process).live = 0 };
+    }
+}
+
 #[inline(always)]
 fn process_allocs(tgid: u32) -> Option<*mut ProcessAllocs> {
     if let Some(process) = PROCESS_ALLOCS.get_ptr_mut(tgid) {

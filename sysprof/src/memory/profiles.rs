@@ -143,7 +143,12 @@ pub fn heap_profile(
         })
     };
     let mut live: HashMap<(u32, u32, i32), u64> = HashMap::new();
-    for (key, block) in &dump.live {
+    // A block of a program its process exec'd away from went with its address space (the
+    // kernel side took it out of the live bytes then, `heap::exec_ended`).
+    let current = |tgid: u32, exec_id: u32| {
+        processes.get(tgid).is_none_or(|p| p.image_index(ImageOf::Generation(exec_id)) == p.earlier.len())
+    };
+    for (key, block) in dump.live.iter().filter(|(key, block)| current(key.tgid, block.exec_id)) {
         let stack = stack_of(block.user_stack_id, block.caller);
         *live.entry((key.tgid, block.exec_id, stack)).or_default() += block.size;
     }
