@@ -62,7 +62,9 @@ pub struct CallKey {
     /// Function id (the cookie's low bits).
     pub func: u32,
     pub user_stack_id: i32,
-    pub _pad: u32,
+    /// The image the stack and the caller were taken in (see [`crate::exec_id`]); 0 in a
+    /// read-out saved before it was kept, where this was padding.
+    pub exec_id: u32,
     /// What [`call::DETAIL_ARG0`]/[`call::DETAIL_ARG1`] chose (the kernel launched), else 0.
     pub detail: u64,
     /// The return address: the exact instruction after the call. A frame-pointer walk from a

@@ -16,5 +16,8 @@ pub struct SampleKey {
     pub kernel_stack_id: i32,
     /// Thread name at the time of the sample.
     pub comm: [u8; TASK_COMM_LEN],
+    /// The program image the sample was taken in (see [`crate::exec_id`]). Last, so
+    /// that a read-out saved before it was kept reads it as 0.
+    pub exec_id: u32,
 }
-shared!(SampleKey, 4 * 4 + TASK_COMM_LEN);
+shared!(SampleKey, 4 * 4 + TASK_COMM_LEN + 4);

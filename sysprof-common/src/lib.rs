@@ -43,7 +43,7 @@ pub use self::{
         AddressSpace, AllocKey, AllocStats, FAULT_STACKS_ALL, FaultKey, LiveAlloc, LiveKey, ProcessAllocs,
         alloc,
     },
-    process::{ProcessEvent, process_event},
+    process::{ProcessEvent, exec_id, process_event},
     sched::{OffCpuKey, OffCpuValue, TASK_REPORT_MAX, ThreadSched, WakeKey},
     syscalls::{
         CpuState, InFlight, PENDING_COUNTS, PendingCount, SyscallErrorKey, SyscallKey, SyscallSlot,
@@ -316,7 +316,9 @@ pub struct Config {
     /// unknown (the tables are then taken as they are).
     pub task_mm_offset: u32,
     pub mm_vdso_offset: u32,
-    pub _pad: u32,
+    /// Byte offset of `task_struct::self_exec_id`: the image a stack was taken in (see
+    /// [`exec_id`]). 0 when unknown (every stack is then taken for its process's last image).
+    pub task_exec_id_offset: u32,
 }
 shared!(Config, 4 + 4 + 8 + 4 + 4 + TASK_COMM_LEN + 24 * 4);
 

@@ -32,8 +32,11 @@ pub struct FaultKey {
     pub major: u32,
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
+    /// The image the stacks were taken in (see [`crate::exec_id`]); last, as in
+    /// [`crate::SampleKey`].
+    pub exec_id: u32,
 }
-shared!(FaultKey, 16);
+shared!(FaultKey, 20);
 
 /// On every CPU's fault events (`--all`, `--comm`, a cgroup), where a program runs for every
 /// fault anyway: the minor faults of each process whose stacks are all taken; past them, 1 in
@@ -62,8 +65,12 @@ pub struct AllocKey {
     /// Return address of the allocator call: the caller, which a frame-pointer walk started
     /// at the allocator's first instruction skips.
     pub caller: u64,
+    /// The image the stack and the caller were taken in (see [`crate::exec_id`]); last, as in
+    /// [`crate::SampleKey`].
+    pub exec_id: u32,
+    pub _pad: u32,
 }
-shared!(AllocKey, 16);
+shared!(AllocKey, 24);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,6 +112,7 @@ pub struct LiveAlloc {
     pub size: u64,
     pub caller: u64,
     pub user_stack_id: i32,
-    pub _pad: u32,
+    /// The image the stack and the caller were taken in (see [`crate::exec_id`]).
+    pub exec_id: u32,
 }
 shared!(LiveAlloc, 24);

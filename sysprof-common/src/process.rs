@@ -2,6 +2,19 @@
 
 use crate::TASK_COMM_LEN;
 
+/// Which program image a process ran: every key that holds a user stack holds the image it was
+/// taken in, since an exec puts other code at the addresses the stack holds (or the same file
+/// at others). The kernel's own count, `task_struct::self_exec_id`, which each exec moves on
+/// and a fork copies: within one process, one value is one image. Its low 32 bits, read from
+/// the task by an offset from BTF; the exec event carries the new image's
+/// ([`ProcessEvent::detail`]).
+pub mod exec_id {
+    /// Not known (the offset was not, or the read-out was saved before images were kept):
+    /// userspace takes the process's last image. No user process has it: each has exec'd at
+    /// least once since the kernel's first task.
+    pub const UNKNOWN: u32 = 0;
+}
+
 /// Kinds of [`ProcessEvent`].
 pub mod process_event {
     /// A target process created a child process (not a thread).
@@ -34,7 +47,8 @@ pub struct ProcessEvent {
     /// For [`process_event::FORK`], the parent; otherwise 0.
     pub parent_pid: u32,
     /// For [`process_event::EXIT`], the exit code as `wait` reports it; for
-    /// [`process_event::PYTHON_STACK`], the stack's id; otherwise 0.
+    /// [`process_event::PYTHON_STACK`], the stack's id; for [`process_event::EXEC`], the new
+    /// image's [`exec_id`]; otherwise 0.
     pub detail: u32,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at the event.
     pub time_ns: u64,

@@ -36,8 +36,11 @@ pub struct OffCpuKey {
     pub state: u32,
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
+    /// The image the stacks were taken in (see [`crate::exec_id`]); last, as in
+    /// [`crate::SampleKey`].
+    pub exec_id: u32,
 }
-shared!(OffCpuKey, 16);
+shared!(OffCpuKey, 20);
 
 /// `prev_state` of a task preempted inside the kernel (`TASK_REPORT_MAX`).
 pub const TASK_REPORT_MAX: u32 = 0x100;
@@ -70,5 +73,9 @@ pub struct WakeKey {
     /// The waker's user stack, taken when the waker is a target thread (the unlock, the
     /// signal, the exit that ended the wait); `stack::NONE` otherwise.
     pub waker_user_stack_id: i32,
+    /// The images the waiter's and the waker's stacks were taken in (see [`crate::exec_id`]);
+    /// last, as in [`crate::SampleKey`].
+    pub exec_id: u32,
+    pub waker_exec_id: u32,
 }
-shared!(WakeKey, 32);
+shared!(WakeKey, 40);

@@ -144,7 +144,8 @@ fn leave(ctx: &RetProbeContext) -> u32 {
         tgid: (pid_tgid >> 32) as u32,
         func: (state.cookie & call::ID_MASK) as u32,
         user_stack_id: state.user_stack_id,
-        _pad: 0,
+        // The image of the entry's stack: a call returns in the image it began in.
+        exec_id: crate::process::current_exec_id(),
         detail: detail(state),
         caller: state.caller,
     };

@@ -42,7 +42,7 @@ static mut CONFIG: Config = Config {
     signal_live_offset: 0,
     task_mm_offset: 0,
     mm_vdso_offset: 0,
-    _pad: 0,
+    task_exec_id_offset: 0,
 };
 
 /// The configuration.

@@ -42,6 +42,7 @@ fn try_cpu_sample(ctx: &PerfEventContext) {
         user_stack_id: cpu_stack_id(ctx, BPF_F_USER_STACK as u64),
         kernel_stack_id: if interrupted_user_mode(ctx) { stack::NONE } else { cpu_stack_id(ctx, 0) },
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+        exec_id: crate::process::current_exec_id(),
     };
     counters::add(Counter::CpuSamples, 1);
     if !add_count(&CPU_SAMPLES, &key, 1) {

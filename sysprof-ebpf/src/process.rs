@@ -5,11 +5,12 @@
 //! Raw tracepoints: no tracefs needed, and cheaper than classic tracepoints.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    bindings::task_struct,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel, generated::bpf_get_current_task_btf},
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
-use sysprof_common::{filter, process_event};
+use sysprof_common::{exec_id, filter, process_event};
 
 use crate::{
     config::config,
@@ -89,7 +90,29 @@ fn try_process_exec() {
     }
     // The old program's mappings are gone: frame pointers until userspace writes the new ones.
     crate::unwind::forget(tgid);
-    emit(process_event::EXEC, tgid, 0, 0, 0);
+    // And its heap blocks.
+    crate::memory::heap::exec_ended(tgid);
+    // The new image's generation: what the stacks taken in it are keyed by from now on.
+    emit(process_event::EXEC, tgid, 0, current_exec_id(), 0);
+}
+
+/// The program image `task` runs (see `sysprof_common::exec_id`): its `self_exec_id`, read
+/// straight from the BTF task pointer (a load the verifier checks against the task's type, no
+/// helper call). Every stack's key holds it, so it costs one load where the task is at hand.
+#[inline(always)]
+pub fn exec_id_of(task: *const task_struct) -> u32 {
+    match config().task_exec_id_offset {
+        0 => exec_id::UNKNOWN,
+        // The low half of a u64 (a u32 before 5.7): little-endian, at the field's own offset.
+        offset => target::task_field::<u32>(task, offset),
+    }
+}
+
+/// The image the current task runs (see [`exec_id_of`]).
+#[inline(always)]
+pub fn current_exec_id() -> u32 {
+    // SAFETY: plain helper call: the current task, a trusted BTF pointer.
+    exec_id_of(unsafe { bpf_get_current_task_btf() })
 }
 
 /// `sched_process_exit(struct task_struct *p)`, run by each exiting thread.

@@ -171,13 +171,20 @@ fn switch_out(ctx: &BtfTracePointContext, prev: *mut task_struct, prev_state: u3
     // wait counts under the stacks walked last. Where a timer preempts a thread is independent
     // of the wait that follows, so the stacks come out in their right proportions, and a
     // compiler's stack walk (several us) is not paid at every tick of a busy machine.
+    // Never a stack walked before an exec, though: it is of the program before, and its
+    // addresses mean nothing in this one.
+    let exec_id = crate::process::exec_id_of(prev);
     // SAFETY: plain helper call.
-    let reuse = in_own_code && unsafe { bpf_get_prandom_u32() } % PREEMPTED_WALK_EVERY != 0;
+    let reuse = in_own_code
+        && state.blocked[slot].exec_id == exec_id
+        && unsafe { bpf_get_prandom_u32() } % PREEMPTED_WALK_EVERY != 0;
     // The kernel's first: its cache's branches before the user stack's walk, not after, are
     // verified once rather than for every way out of the walk (209 ms of verification).
     state.offcpu_kernel_stack =
         state.blocked_kernel[slot].kernel_stack(ctx, &entry, !in_own_code, prev_state, reuse);
     state.offcpu_user_stack = state.blocked[slot].user_stack(ctx, &entry, reuse);
+    state.blocked[slot].exec_id = exec_id;
+    state.offcpu_exec_id = exec_id;
 }
 
 /// A thread preempted in its own code has its stacks walked 1 time in this many.
@@ -362,17 +369,19 @@ fn note_waker(ctx: &BtfTracePointContext, state: &mut TaskState) {
         state.waker_tgid = 0;
         state.waker_tid = 0;
         state.waker_user_stack = stack::NONE;
+        state.waker_exec_id = sysprof_common::exec_id::UNKNOWN;
         return;
     }
     state.waker_tgid = tgid;
     state.waker_tid = tid;
-    state.waker_user_stack = if target::is_current_target_cached(tgid) {
-        match TASK_STATE.current(false) {
+    (state.waker_user_stack, state.waker_exec_id) = if target::is_current_target_cached(tgid) {
+        let stack = match TASK_STATE.current(false) {
             Some(waker) => waker.waking.user_stack(ctx, &crate::unwind::user_entry(tgid), false),
             None => stack_id(ctx, BPF_F_USER_STACK as u64),
-        }
+        };
+        (stack, crate::process::current_exec_id())
     } else {
-        stack::NONE
+        (stack::NONE, sysprof_common::exec_id::UNKNOWN)
     };
 }
 
@@ -461,6 +470,7 @@ fn add_offcpu(state: &TaskState, offcpu_state: u32, off: u64) {
         state: offcpu_state,
         user_stack_id: state.offcpu_user_stack,
         kernel_stack_id: state.offcpu_kernel_stack,
+        exec_id: state.offcpu_exec_id,
     };
     add_time(&OFFCPU, &key, off, Counter::OffCpuLost);
 }
@@ -477,6 +487,8 @@ fn add_wake(state: &TaskState, waited: u64) {
         user_stack_id: state.offcpu_user_stack,
         kernel_stack_id: state.offcpu_kernel_stack,
         waker_user_stack_id: state.waker_user_stack,
+        exec_id: state.offcpu_exec_id,
+        waker_exec_id: state.waker_exec_id,
     };
     add_time(&WAKES, &key, waited, Counter::WakesLost);
 }

@@ -44,6 +44,8 @@ pub struct TaskState {
     pub offcpu_user_stack: i32,
     pub offcpu_kernel_stack: i32,
     pub offcpu_state: u32,
+    /// The image its stacks were taken in (see `sysprof_common::exec_id`).
+    pub offcpu_exec_id: u32,
     /// Process and thread ids, recorded when `target` is decided.
     pub tgid: u32,
     pub tid: u32,
@@ -53,6 +55,7 @@ pub struct TaskState {
     pub waker_tgid: u32,
     pub waker_tid: u32,
     pub waker_user_stack: i32,
+    pub waker_exec_id: u32,
     /// Its user and kernel stacks as last walked where it went to sleep (`[0]`), where it was
     /// last preempted in a system call or on its way back from one (`[1]`) and in its own code
     /// (`[2]`), and its user stack where it last woke another thread (see [`StackCache`] and
@@ -74,6 +77,10 @@ pub struct StackCache {
     pub tables: u32,
     /// Its id, or a `stack::` marker (never reused); 0 until one is kept (see [`kept`]).
     pub stack: i32,
+    /// The program image it was walked in (`sysprof_common::exec_id`), where a caller that
+    /// reuses it without comparing places keeps it (see `sched.rs`).
+    pub exec_id: u32,
+    pub _pad: u32,
 }
 
 /// A kernel stack walked where a thread went to sleep, kept for the next time it sleeps at the

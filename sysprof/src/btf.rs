@@ -46,6 +46,9 @@ pub struct TaskOffsets {
     /// vDSO is (see `unwind::ProcessMappings::vdso`); 0 where unknown.
     pub mm: u32,
     pub mm_vdso: u32,
+    /// `self_exec_id`: which program image a task runs, which every stack's key holds (see
+    /// `sysprof_common::exec_id`); 0 where unknown.
+    pub exec_id: u32,
 }
 
 impl TaskOffsets {
@@ -73,6 +76,7 @@ impl TaskOffsets {
             signal_live: btf.member_offset("signal_struct", "live").unwrap_or(0),
             mm: btf.member_offset("task_struct", "mm").unwrap_or(0),
             mm_vdso: btf.member_offset("mm_struct", "context.vdso").unwrap_or(0),
+            exec_id: btf.member_offset("task_struct", "self_exec_id").unwrap_or(0),
         })
     }
 }
@@ -385,6 +389,8 @@ mod tests {
         // Pointers: the task's `mm`, and its vDSO's address two structs down in the mm.
         assert!(offsets.mm > 0 && offsets.mm.is_multiple_of(8));
         assert!(offsets.mm_vdso > 0 && offsets.mm_vdso.is_multiple_of(8));
+        // A u64 since 5.7 (a u32 before), after `parent_exec_id`.
+        assert!(offsets.exec_id > 0 && offsets.exec_id.is_multiple_of(4));
     }
 
     /// A member of a member (`mm_struct::context.vdso`, through the typedef `mm_context_t`)

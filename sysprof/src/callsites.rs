@@ -11,7 +11,7 @@ use crate::{
         functions::{self, Kind},
         state::GpuState,
     },
-    procs::ProcessTable,
+    procs::{ImageOf, ProcessTable},
     profile::{ResolvedStacks, StackSample},
     symbolize::{Frame, Symbolizer},
 };
@@ -19,10 +19,10 @@ use crate::{
 /// Resolves call sites and launched kernels to names.
 pub trait Names {
     /// Where a call came from: its caller (the return address), or the first frame outside
-    /// the CUDA/NCCL/C libraries on its stack.
-    fn call_site(&self, tgid: u32, stack: i32, caller: u64) -> String;
-    /// The symbol at `address` in process `tgid` (a kernel's host stub).
-    fn symbol(&self, tgid: u32, address: u64) -> String;
+    /// the CUDA/NCCL/C libraries on its stack; both taken in process `tgid`'s image `image`.
+    fn call_site(&self, tgid: u32, image: ImageOf, stack: i32, caller: u64) -> String;
+    /// The symbol at `address` in process `tgid`'s image `image` (a kernel's host stub).
+    fn symbol(&self, tgid: u32, image: ImageOf, address: u64) -> String;
 }
 
 /// Libraries whose frames are the mechanism of a call, not its caller.
@@ -49,8 +49,8 @@ fn is_mechanism(frame: &Frame) -> bool {
 /// Resolved call sites and kernel names.
 pub struct CallNames {
     stacks: ResolvedStacks,
-    /// (process, address) -> innermost frame there: callers and launched kernels.
-    symbols: HashMap<(u32, u64), Frame>,
+    /// (process, image, address) -> innermost frame there: callers and launched kernels.
+    symbols: HashMap<(u32, u32, u64), Frame>,
 }
 
 impl CallNames {
@@ -67,36 +67,44 @@ impl CallNames {
         processes: &mut ProcessTable,
         symbolizer: &mut Symbolizer,
     ) -> Self {
-        let mut sites: Vec<(u32, i32, u64)> =
-            calls.iter().map(|(key, _)| (key.tgid, key.user_stack_id, key.caller)).collect();
+        let generation = |key: &CallKey| ImageOf::Generation(key.exec_id);
+        let mut sites: Vec<(u32, ImageOf, i32, u64)> =
+            calls.iter().map(|(key, _)| (key.tgid, generation(key), key.user_stack_id, key.caller)).collect();
         if let Some(gpu) = gpu {
-            sites.extend(gpu.live().map(|((tgid, _), a)| (*tgid, a.user_stack_id, a.caller)));
-            sites.extend(gpu.h2d.iter().map(|c| (c.tgid, c.user_stack_id, c.caller)));
+            sites.extend(
+                gpu.live().map(|((tgid, _), a)| (*tgid, ImageOf::At(a.at_ns), a.user_stack_id, a.caller)),
+            );
+            sites.extend(gpu.h2d.iter().map(|c| (c.tgid, ImageOf::At(c.at_ns), c.user_stack_id, c.caller)));
         }
-        let samples: Vec<StackSample> = sites.iter().map(|&(tgid, stack, _)| sample(tgid, stack)).collect();
+        let samples: Vec<StackSample> =
+            sites.iter().map(|&(tgid, image, stack, _)| sample(tgid, image, stack)).collect();
         let resolved = ResolvedStacks::resolve(&samples, stacks, processes, symbolizer);
 
         // A return address points after the call: one byte back is inside it.
-        let mut addresses: HashMap<u32, Vec<u64>> = HashMap::new();
-        for &(tgid, _, caller) in &sites {
+        let images = resolved.images();
+        let mut addresses: HashMap<(u32, u32), Vec<u64>> = HashMap::new();
+        for &(tgid, image, _, caller) in &sites {
             if caller != 0 {
-                addresses.entry(tgid).or_default().push(caller - 1);
+                addresses.entry((tgid, images.index(tgid, image))).or_default().push(caller - 1);
             }
         }
         for (key, _) in calls {
             let launch = functions::by_id(key.func).is_some_and(|f| matches!(f.kind, Kind::Launch));
             if launch && key.detail != 0 {
-                addresses.entry(key.tgid).or_default().push(key.detail);
+                addresses
+                    .entry((key.tgid, images.index(key.tgid, generation(key))))
+                    .or_default()
+                    .push(key.detail);
             }
         }
         let mut symbols = HashMap::new();
-        for (tgid, mut addrs) in addresses {
+        for ((tgid, image), mut addrs) in addresses {
             addrs.sort_unstable();
             addrs.dedup();
-            let maps = processes.get(tgid).and_then(|p| p.maps.as_ref());
-            for (addr, frames) in symbolizer.user(tgid, maps, &addrs) {
+            let maps = processes.get(tgid).and_then(|p| p.image(image as usize).maps);
+            for (addr, frames) in symbolizer.user(tgid, image, maps, &addrs) {
                 if let Some(frame) = frames.last() {
-                    symbols.insert((tgid, addr), frame.clone());
+                    symbols.insert((tgid, image, addr), frame.clone());
                 }
             }
         }
@@ -104,8 +112,9 @@ impl CallNames {
     }
 }
 
-/// A call's user stack as a sample, weighing nothing until the caller says.
-pub(crate) fn sample(tgid: u32, user_stack_id: i32) -> StackSample {
+/// A call's user stack, taken in image `image` of its process, as a sample, weighing nothing
+/// until the caller says.
+pub(crate) fn sample(tgid: u32, image: ImageOf, user_stack_id: i32) -> StackSample {
     StackSample {
         tgid,
         tid: tgid,
@@ -114,6 +123,7 @@ pub(crate) fn sample(tgid: u32, user_stack_id: i32) -> StackSample {
         comm: None,
         weight: 0,
         tag: 0,
+        image,
     }
 }
 
@@ -133,15 +143,16 @@ pub fn describe(frame: &Frame) -> String {
 }
 
 impl Names for CallNames {
-    fn call_site(&self, tgid: u32, user_stack_id: i32, caller: u64) -> String {
+    fn call_site(&self, tgid: u32, image: ImageOf, user_stack_id: i32, caller: u64) -> String {
+        let stack = sample(tgid, image, user_stack_id);
         // A Python program's call is named at its Python line, whatever C code the caller is.
         if user_stack_id >= 0
-            && let Some(frame) =
-                self.stacks.user_frames(&sample(tgid, user_stack_id)).iter().rev().find(|f| f.is_python())
+            && let Some(frame) = self.stacks.user_frames(&stack).iter().rev().find(|f| f.is_python())
         {
             return describe(frame);
         }
-        if let Some(frame) = caller.checked_sub(1).and_then(|addr| self.symbols.get(&(tgid, addr)))
+        let image = self.stacks.image_of(&stack);
+        if let Some(frame) = caller.checked_sub(1).and_then(|addr| self.symbols.get(&(tgid, image, addr)))
             && !is_mechanism(frame)
         {
             return describe(frame);
@@ -149,13 +160,14 @@ impl Names for CallNames {
         if user_stack_id < 0 {
             return "[no user stack]".into();
         }
-        let frames = self.stacks.frames(&sample(tgid, user_stack_id));
+        let frames = self.stacks.frames(&stack);
         own_frame(&frames).or_else(|| frames.last()).map(describe).unwrap_or_else(|| "[no user stack]".into())
     }
 
-    fn symbol(&self, tgid: u32, address: u64) -> String {
+    fn symbol(&self, tgid: u32, image: ImageOf, address: u64) -> String {
+        let image = self.stacks.images().index(tgid, image);
         self.symbols
-            .get(&(tgid, address))
+            .get(&(tgid, image, address))
             .map(|f| f.function.to_string())
             .unwrap_or_else(|| format!("{address:#x}"))
     }

@@ -1,13 +1,19 @@
 //! The processes of a trace: their names, parents and memory-map snapshots, kept up to date
 //! from the kernel's process events so that processes that exit mid-trace still symbolize;
 //! and, when memory is traced, how much memory each uses over the run.
+//!
+//! A process that execs during the trace ran two programs (images) under one pid: each keeps
+//! its own name and snapshot, and every stack is resolved against the image it was taken in
+//! (`ImageOf`: the generation the kernel keyed it with, or the time it was taken). The old
+//! image's snapshot is the one read before the exec (at the attach, at its own exec, by the
+//! rescans since); the exec event comes after its address space is gone.
 
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
 };
 
-use sysprof_common::{ProcessEvent, process_event};
+use sysprof_common::{ProcessEvent, exec_id, process_event};
 
 use crate::{
     memory::usage::{MemorySample, Schedule, Series},
@@ -51,9 +57,20 @@ pub struct ProcessRecord {
     /// The code objects of its Python frames, when it runs CPython (see `crate::python`).
     #[serde(default)]
     pub python: Option<crate::python::code::ProcessCode>,
+    /// Where its current image (`name`, `maps`, `python`) began; unknown for the first.
+    #[serde(default, skip_serializing_if = "ImageStart::is_unknown")]
+    pub start: ImageStart,
+    /// The images it ran before the current one, oldest first: each exec during the trace
+    /// ends one. None in read-outs saved before images were kept: one image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<Image>,
     /// How many times it exec'd during the trace.
     #[serde(skip)]
     pub execs: u32,
+    /// The current image was found by a read of the maps (an address space new to them)
+    /// before its exec event came, which then tells where it began instead of ending it.
+    #[serde(skip)]
+    unclaimed: bool,
     /// A kernel thread: no maps or memory to read, ever (`--all` sees dozens of them, and
     /// reading each one's maps and status every few hundred ms was most of sysprof's CPU).
     #[serde(skip)]
@@ -78,6 +95,145 @@ pub struct ProcessRecord {
     /// only (`ProcessTable::changed_since`), not at every process seen on every tick.
     #[serde(skip)]
     maps_stamp: u64,
+}
+
+/// Where a program image began: the exec that started it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageStart {
+    /// Its generation (see `sysprof_common::exec_id`); `exec_id::UNKNOWN` when not known.
+    pub exec_id: u32,
+    /// When its exec event was sent, on the kernel's monotonic clock (the timeline's and the
+    /// call events'); 0 when not known.
+    pub time_ns: u64,
+}
+
+impl ImageStart {
+    fn is_unknown(&self) -> bool {
+        *self == ImageStart::default()
+    }
+}
+
+/// A program a process ran before its current one.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Image {
+    /// Its name (the process's, as it was then).
+    pub name: String,
+    /// Its last snapshot.
+    pub maps: Option<ProcessMaps>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<crate::python::code::ProcessCode>,
+    #[serde(default, skip_serializing_if = "ImageStart::is_unknown")]
+    pub start: ImageStart,
+    /// sysprof's launcher, forked, until the command's exec: its code is sysprof's, not the
+    /// user's (see `profile::SYSPROF_LAUNCHER`), and its snapshot is not kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub launcher: bool,
+}
+
+/// Which of its process's images a stack was taken in (see `ProcessRecord::image_index`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ImageOf {
+    /// The generation its key holds (`sysprof_common::exec_id`).
+    Generation(u32),
+    /// When it was taken, on the kernel's monotonic clock: an event's time (the timeline's, a
+    /// call event's), which the kernel keys no image for.
+    At(u64),
+}
+
+impl Default for ImageOf {
+    /// Unknown: the last image.
+    fn default() -> Self {
+        ImageOf::Generation(exec_id::UNKNOWN)
+    }
+}
+
+/// Which of the images that began at `starts` (every image's, first to last) `of` names: the
+/// last that began at or before it, or the first, which began before the trace knew of it; the
+/// last for an unknown generation (one image in a read-out saved before images were kept).
+fn image_index(starts: &[ImageStart], of: ImageOf) -> usize {
+    let began = |start: &ImageStart| match of {
+        ImageOf::Generation(generation) => start.exec_id != exec_id::UNKNOWN && start.exec_id <= generation,
+        ImageOf::At(time_ns) => start.time_ns != 0 && start.time_ns <= time_ns,
+    };
+    match of {
+        ImageOf::Generation(exec_id::UNKNOWN) => starts.len().saturating_sub(1),
+        _ => starts.iter().rposition(began).unwrap_or(0),
+    }
+}
+
+/// One image of a process: the current one, or an earlier one.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageRef<'a> {
+    pub name: &'a str,
+    pub maps: Option<&'a ProcessMaps>,
+    pub python: Option<&'a crate::python::code::ProcessCode>,
+    /// sysprof's launcher (see `Image::launcher`).
+    pub launcher: bool,
+}
+
+impl ProcessRecord {
+    /// Its images, first to last (the current one).
+    pub fn images(&self) -> impl Iterator<Item = ImageRef<'_>> {
+        (0..=self.earlier.len()).map(|index| self.image(index))
+    }
+
+    /// Its image `index` (see `image_index`); the current one past the last.
+    pub fn image(&self, index: usize) -> ImageRef<'_> {
+        match self.earlier.get(index) {
+            Some(image) => ImageRef {
+                name: &image.name,
+                maps: image.maps.as_ref(),
+                python: image.python.as_ref(),
+                launcher: image.launcher,
+            },
+            None => ImageRef {
+                name: &self.name,
+                maps: self.maps.as_ref(),
+                python: self.python.as_ref(),
+                launcher: false,
+            },
+        }
+    }
+
+    /// The index of the image a stack was taken in, among `images`.
+    pub fn image_index(&self, of: ImageOf) -> usize {
+        if self.earlier.is_empty() {
+            return 0;
+        }
+        image_index(&self.image_starts(), of)
+    }
+
+    /// Where each of its images began, first to last.
+    fn image_starts(&self) -> Vec<ImageStart> {
+        self.earlier.iter().map(|image| image.start).chain([self.start]).collect()
+    }
+
+    /// Ends the current image, which is kept as it was, and begins one at `start`, with
+    /// nothing known of it yet.
+    fn begin_image(&mut self, start: ImageStart) {
+        let ended = Image {
+            name: self.name.clone(),
+            maps: self.maps.take(),
+            python: self.python.take(),
+            start: std::mem::replace(&mut self.start, start),
+            launcher: false,
+        };
+        self.earlier.push(ended);
+        self.maps_digest = None;
+        self.unclaimed = false;
+    }
+}
+
+/// Where each image began of the processes that ran more than one: what tells a stack's image
+/// (see `ImageOf`) once the table is gone, or borrowed elsewhere.
+#[derive(Clone, Debug, Default)]
+pub struct Images(HashMap<u32, Vec<ImageStart>>);
+
+impl Images {
+    /// The index of the image of process `pid` that `of` names (0 for a process with one).
+    pub fn index(&self, pid: u32, of: ImageOf) -> u32 {
+        self.0.get(&pid).map_or(0, |starts| image_index(starts, of) as u32)
+    }
 }
 
 /// The process id under which the report counts what a per-process map had no room for (the
@@ -247,6 +403,8 @@ impl ProcessTable {
                 record.name = comm;
                 record.parent = Some(event.parent_pid);
                 record.started_during_trace = true;
+                // A pid that came back is a new process: none of the images before were its.
+                (record.earlier, record.start, record.unclaimed) = (Vec::new(), ImageStart::default(), false);
                 (record.start_ticks, record.kernel_thread) = match clock_ticks(event.started_ns) {
                     // kthreadd's children are kernel threads.
                     Some(ticks) => (Some(ticks), event.parent_pid == KTHREADD),
@@ -275,19 +433,33 @@ impl ProcessTable {
                 // on the schedule and at its exit.
             }
             process_event::EXEC => {
+                let known = self.processes.contains_key(&event.pid);
                 let record = self.processes.entry(event.pid).or_default();
-                record.name = comm;
+                let start = ImageStart { exec_id: event.detail, time_ns: event.time_ns };
                 record.started_during_trace = true;
-                record.python = None;
                 record.execs += 1;
                 record.early_scans = 0;
-                // Maps read after the exec already (`await_exec`) are the new program's: a
-                // short-lived one may have exited by now, and reading again would lose them.
-                if record.last_scan_ns <= event.time_ns || record.maps.is_none() {
-                    record.maps = None;
-                    record.maps_digest = None;
-                    scan_and_stamp(&mut self.maps_version, event.pid, record, now);
+                if record.unclaimed {
+                    // Maps read after the exec already (`await_exec`, or a read that found a
+                    // new address space) are the new program's: a short-lived one may have
+                    // exited by now, and reading again would lose them.
+                    (record.start, record.unclaimed, record.name) = (start, false, comm);
+                    return;
                 }
+                // The program before keeps what was read of it, for the stacks taken in it.
+                let read_after = record.maps.is_some() && record.last_scan_ns > event.time_ns;
+                if known {
+                    record.begin_image(start);
+                } else {
+                    record.start = start;
+                }
+                record.name = comm;
+                if !scan(event.pid, record, now) && read_after {
+                    // Gone already, and the read after its exec (in an address space the
+                    // reads could not tell from the one before: the same vDSO) is all there is.
+                    record.maps = record.earlier.last().and_then(|image| image.maps.clone());
+                }
+                stamp(&mut self.maps_version, record);
             }
             process_event::PYTHON_STACK => self.python_stacks.push((event.pid, event.detail)),
             process_event::MAPPED => {
@@ -375,6 +547,19 @@ impl ProcessTable {
             let began = crate::probes::monotonic_ns();
             match ProcessMaps::read_if_changed(pid, before) {
                 Ok(Some((maps, digest))) if !maps.is_empty() => {
+                    // The gate's image (sysprof's launcher, forked) ends here, and the command's
+                    // begins, its exec event still to come. The gate's stacks are the command's
+                    // start (its wait at the gate, its execve): named as the command, sysprof's
+                    // code in them one frame (its thread's name is no program the user ran, and
+                    // a debug build's DWARF, read to name those frames, took 20-50 MB).
+                    let name = read_comm(pid).unwrap_or_default();
+                    if record.maps.is_some() {
+                        record.begin_image(ImageStart::default());
+                        for gate in &mut record.earlier {
+                            (gate.name, gate.maps, gate.launcher) = (name.clone(), None, true);
+                        }
+                    }
+                    (record.name, record.unclaimed) = (name, true);
                     (record.maps, record.maps_digest) = (Some(maps), Some(digest));
                     record.last_scan = Some(Instant::now());
                     record.last_scan_ns = began;
@@ -432,6 +617,17 @@ impl ProcessTable {
         let pids: std::collections::BTreeSet<u32> =
             self.changed_since(version).map(|(pid, _)| pid).chain(retry).collect();
         pids.into_iter().filter_map(|pid| Some((pid, self.get(pid)?))).collect()
+    }
+
+    /// Where each image began of the processes that ran more than one (see [`Images`]).
+    pub fn images(&self) -> Images {
+        Images(
+            self.processes
+                .iter()
+                .filter(|(_, record)| !record.earlier.is_empty())
+                .map(|(pid, record)| (*pid, record.image_starts()))
+                .collect(),
+        )
     }
 
     /// Every process seen, by pid.
@@ -523,6 +719,13 @@ fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
     record.last_scan_ns = crate::probes::monotonic_ns();
     match ProcessMaps::read_if_changed(pid, record.maps_digest) {
         Ok(Some((maps, digest))) if !maps.is_empty() => {
+            if record.maps.as_ref().is_some_and(|known| another_address_space(known, &maps)) {
+                // It exec'd since the last read, and its event is not read yet: these are the
+                // new program's maps, not more of the old one's.
+                record.begin_image(ImageStart::default());
+                record.unclaimed = true;
+                record.name = read_comm(pid).unwrap_or_default();
+            }
             record.maps_digest = Some(digest);
             match &mut record.maps {
                 Some(known) => {
@@ -538,6 +741,13 @@ fn scan(pid: u32, record: &mut ProcessRecord, now: Instant) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `later` was read from another address space than `known`: the vDSO, placed anew
+/// at every exec (at random, unless the process runs without address-space randomization,
+/// when the two cannot be told apart this way and the exec event's time does).
+fn another_address_space(known: &ProcessMaps, later: &ProcessMaps) -> bool {
+    known.vdso() != 0 && later.vdso() != 0 && known.vdso() != later.vdso()
 }
 
 /// Reads the maps of `pid` (see `scan`), and stamps `record` when they changed.
@@ -644,6 +854,82 @@ mod tests {
         assert_eq!(table.thread_name(sysload + 1, sysload, ""), "sysload");
         assert_eq!(table.thread_name(unnamed, unnamed, "sh"), "sh");
         assert_eq!(table.thread_name(7, u32::MAX - 13, "sh"), "sh");
+    }
+
+    /// A child forked from this process execs: the image it ran until then (its parent's code,
+    /// under the name it had) is kept beside the new one, and each stack goes to its own.
+    #[test]
+    fn an_exec_keeps_the_image_before_it_for_the_stacks_taken_there() {
+        let mut table = ProcessTable::new();
+        let me = std::process::id();
+        table.observe_existing(me);
+        // A pid that does not exist: the new program's maps cannot be read.
+        let child = u32::MAX - 21;
+        table.on_event(&event(process_event::FORK, child, me, "shell"));
+        let exec =
+            ProcessEvent { detail: 8, time_ns: 5_000, ..event(process_event::EXEC, child, 0, "compiler") };
+        table.on_event(&exec);
+        let record = table.get(child).unwrap();
+        assert_eq!(record.name, "compiler");
+        assert_eq!(record.maps, None);
+        assert_eq!(record.earlier.len(), 1);
+        let before = record.image(0);
+        assert_eq!((before.name, before.maps), ("shell", table.get(me).unwrap().maps.as_ref()));
+        assert_eq!(record.image(1).name, "compiler");
+        // By the generation its key holds: 7 is the fork's (its parent's), 8 the exec's.
+        assert_eq!(record.image_index(ImageOf::Generation(7)), 0);
+        assert_eq!(record.image_index(ImageOf::Generation(8)), 1);
+        assert_eq!(record.image_index(ImageOf::Generation(9)), 1, "an exec not heard of: the last known");
+        assert_eq!(record.image_index(ImageOf::default()), 1, "unknown: the last");
+        // By time, against the exec event's.
+        assert_eq!(record.image_index(ImageOf::At(4_999)), 0);
+        assert_eq!(record.image_index(ImageOf::At(5_000)), 1);
+        let images = table.images();
+        assert_eq!(
+            (images.index(child, ImageOf::Generation(7)), images.index(child, ImageOf::At(6_000))),
+            (0, 1)
+        );
+        assert_eq!(images.index(me, ImageOf::Generation(7)), 0, "one image");
+        // Its pid given to a new process: none of those images are its.
+        table.on_event(&event(process_event::FORK, child, me, "other"));
+        assert!(table.get(child).unwrap().earlier.is_empty());
+    }
+
+    /// Images in the order they ran: the first began before the trace knew (unknown), an
+    /// unclaimed one (found by a read, its exec event lost) is never chosen by its start.
+    #[test]
+    fn a_stack_goes_to_the_last_image_that_began_at_or_before_it() {
+        let start = |exec_id, time_ns| ImageStart { exec_id, time_ns };
+        let starts = [start(0, 0), start(11, 100), start(0, 0), start(13, 300)];
+        let of = |image| image_index(&starts, image);
+        assert_eq!(of(ImageOf::Generation(10)), 0);
+        assert_eq!(of(ImageOf::Generation(11)), 1);
+        assert_eq!(of(ImageOf::Generation(12)), 1);
+        assert_eq!(of(ImageOf::Generation(13)), 3);
+        assert_eq!(of(ImageOf::Generation(exec_id::UNKNOWN)), 3);
+        assert_eq!(of(ImageOf::At(99)), 0);
+        assert_eq!(of(ImageOf::At(200)), 1);
+        assert_eq!(of(ImageOf::At(300)), 3);
+        assert_eq!(image_index(&[ImageStart::default()], ImageOf::Generation(12)), 0);
+    }
+
+    /// The vDSO is placed anew at each exec: a read that finds it elsewhere is of a new
+    /// program. Without one on either side, nothing can be told.
+    #[test]
+    fn a_moved_vdso_is_another_address_space() {
+        use crate::procmaps::{Backing, Mapping};
+        let maps = |vdso: Option<u64>| {
+            let vdso = vdso.map(|start| Mapping {
+                start,
+                end: start + 0x2000,
+                file_offset: 0,
+                backing: Backing::Vdso,
+            });
+            ProcessMaps::from_mappings(vdso.into_iter().collect())
+        };
+        assert!(another_address_space(&maps(Some(0x7000)), &maps(Some(0x9000))));
+        assert!(!another_address_space(&maps(Some(0x7000)), &maps(Some(0x7000))));
+        assert!(!another_address_space(&maps(None), &maps(Some(0x7000))));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use sysprof_common::{SampleKey, stack};
 use crate::{
     cpu::CpuSamples,
     procmaps::ProcessMaps,
-    procs::{ProcessTable, comm_to_string},
+    procs::{ImageOf, Images, ProcessTable, comm_to_string},
     symbolize::{Frame, Symbolizer},
 };
 
@@ -56,18 +56,23 @@ pub struct StackSample {
     pub weight: u64,
     /// What the caller keyed besides the stacks (the scheduler state of off-CPU samples).
     pub tag: u32,
+    /// The program image of its process the user stack was taken in.
+    pub image: ImageOf,
 }
 
 /// Marker frames for stacks the kernel could not keep.
 const LOST_USER_STACK: &str = "[user stack lost]";
 const LOST_KERNEL_STACK: &str = "[kernel stack lost]";
 
-/// Stacks resolved to frames: kernel stacks by id, user stacks by (process, id) since the same
-/// addresses mean different code in different processes.
+/// Stacks resolved to frames: kernel stacks by id, user stacks by (process, image, id) since
+/// the same addresses mean different code in different processes, and in the programs one
+/// process ran before and after an exec.
 #[derive(Debug, Default)]
 pub struct ResolvedStacks {
     kernel: HashMap<u32, Vec<Frame>>,
-    user: HashMap<(u32, u32), Vec<Frame>>,
+    user: HashMap<(u32, u32, u32), Vec<Frame>>,
+    /// Which image a sample's stack is of.
+    images: Images,
 }
 
 impl ResolvedStacks {
@@ -79,16 +84,31 @@ impl ResolvedStacks {
         symbolizer: &mut Symbolizer,
     ) -> Self {
         let mut resolved = Self::kernel_only(samples.iter().copied(), stacks, processes, symbolizer);
-        let mut user_ids: HashMap<u32, BTreeSet<u32>> = HashMap::new();
-        for sample in samples {
-            if let Ok(id) = u32::try_from(sample.user_stack_id) {
-                user_ids.entry(sample.tgid).or_default().insert(id);
-            }
-        }
-        for (pid, ids) in user_ids {
-            resolved.add_user(pid, ids, stacks, processes, symbolizer);
+        for ((pid, image), ids) in resolved.user_ids(samples) {
+            resolved.add_user(pid, image, ids, stacks, processes, symbolizer);
         }
         resolved
+    }
+
+    /// The user stacks `samples` reference, by process and image.
+    fn user_ids(&self, samples: &[StackSample]) -> BTreeMap<(u32, u32), BTreeSet<u32>> {
+        let mut user_ids: BTreeMap<(u32, u32), BTreeSet<u32>> = BTreeMap::new();
+        for sample in samples {
+            if let Ok(id) = u32::try_from(sample.user_stack_id) {
+                user_ids.entry((sample.tgid, self.image_of(sample))).or_default().insert(id);
+            }
+        }
+        user_ids
+    }
+
+    /// The index of the image `sample`'s user stack was taken in, among its process's.
+    pub fn image_of(&self, sample: &StackSample) -> u32 {
+        self.images.index(sample.tgid, sample.image)
+    }
+
+    /// Which image each process's stacks are of.
+    pub fn images(&self) -> &Images {
+        &self.images
     }
 
     /// The kernel stacks the samples reference, with their processes known to `processes`:
@@ -121,26 +141,35 @@ impl ResolvedStacks {
                 Some((id, frames))
             })
             .collect();
-        ResolvedStacks { kernel, user: HashMap::new() }
+        // After `ensure`: the images of every process the samples name.
+        ResolvedStacks { kernel, user: HashMap::new(), images: processes.images() }
     }
 
-    /// Resolves process `pid`'s user stacks `ids`, in one batch.
+    /// Resolves the user stacks `ids` of process `pid`'s image `image`, in one batch.
     fn add_user(
         &mut self,
         pid: u32,
+        image: u32,
         ids: BTreeSet<u32>,
         stacks: &HashMap<u32, Vec<u64>>,
         processes: &ProcessTable,
         symbolizer: &mut Symbolizer,
     ) {
-        let maps = processes.get(pid).and_then(|p| p.maps.as_ref());
-        let python_code = processes.get(pid).and_then(|p| p.python.as_ref());
+        let of = processes.get(pid).map(|p| p.image(image as usize));
+        if of.is_some_and(|image| image.launcher) {
+            static LAUNCHER: std::sync::OnceLock<Frame> = std::sync::OnceLock::new();
+            let launcher = LAUNCHER.get_or_init(|| Frame::new(SYSPROF_LAUNCHER.into(), "sysprof".into()));
+            self.user.extend(ids.into_iter().map(|id| ((pid, image, id), vec![launcher.clone()])));
+            return;
+        }
+        let maps = of.and_then(|image| image.maps);
+        let python_code = of.and_then(|image| image.python);
         let addrs: BTreeSet<u64> = ids
             .iter()
             .filter_map(|id| stacks.get(id))
             .flat_map(|ips| lookup_addresses(walked_part(split_python(ips).1, maps)))
             .collect();
-        let frames = symbolizer.user(pid, maps, &addrs.into_iter().collect::<Vec<_>>());
+        let frames = symbolizer.user(pid, image, maps, &addrs.into_iter().collect::<Vec<_>>());
         let mut python_frames = crate::python::PythonFrames::default();
         for id in ids {
             let Some(ips) = stacks.get(&id) else { continue };
@@ -149,8 +178,8 @@ impl ResolvedStacks {
             let addrs: Vec<u64> = lookup_addresses(walked).collect();
             let mut resolved: Vec<Frame> =
                 addrs.iter().rev().flat_map(|addr| frames[addr].iter().cloned()).collect();
-            // A leaf outside every mapping ran code unmapped since (the program before its
-            // exec): no address of it means anything now.
+            // A leaf outside every mapping of its image ran code unmapped since (a library
+            // closed): no address of it means anything now.
             if maps.is_some_and(|maps| walked.first().is_some_and(|leaf| maps.find(*leaf).is_none())) {
                 let leaf = resolved.len() - frames[&addrs[0]].len();
                 resolved.truncate(leaf);
@@ -161,7 +190,7 @@ impl ResolvedStacks {
             let mut merged = crate::python::merge(resolved, python, python_code, id, &mut python_frames);
             // As the kernel's: a busy machine's fault profile resolves thousands of stacks.
             merged.shrink_to_fit();
-            self.user.insert((pid, id), merged);
+            self.user.insert((pid, image, id), merged);
         }
     }
 
@@ -190,7 +219,7 @@ impl ResolvedStacks {
     pub fn user_frames(&self, sample: &StackSample) -> &[Frame] {
         u32::try_from(sample.user_stack_id)
             .ok()
-            .and_then(|id| self.user.get(&(sample.tgid, id)))
+            .and_then(|id| self.user.get(&(sample.tgid, self.image_of(sample), id)))
             .map(Vec::as_slice)
             .unwrap_or(&[])
     }
@@ -261,8 +290,9 @@ pub fn merge_by_process<E>(
     let mut merged = Merged::default();
     for process in entries.chunk_by(|a, b| sample_of(a).tgid == sample_of(b).tgid) {
         let samples: Vec<StackSample> = process.iter().map(&sample_of).collect();
-        let ids = samples.iter().filter_map(|s| u32::try_from(s.user_stack_id).ok()).collect();
-        resolved.add_user(samples[0].tgid, ids, stacks, processes, symbolizer);
+        for ((pid, image), ids) in resolved.user_ids(&samples) {
+            resolved.add_user(pid, image, ids, stacks, processes, symbolizer);
+        }
         merged.add(&samples, &resolved, processes, &label);
         resolved.user.clear();
     }
@@ -282,7 +312,8 @@ impl Merged {
             let label = label(sample, resolved.kernel_frames(sample))
                 .map(|label| self.labels.entry(label).or_insert_with_key(|label| marker(label)).clone());
             let frames = resolved.frames_under(label, sample);
-            let weight = self.stacks.entry((sample.tgid, root_label(sample, processes), frames)).or_default();
+            let root = root_label(sample, resolved.image_of(sample), processes);
+            let weight = self.stacks.entry((sample.tgid, root, frames)).or_default();
             *weight = weight.saturating_add(sample.weight);
         }
     }
@@ -334,8 +365,8 @@ pub fn cpu_profile(
         let mut frames = resolved.frames(sample);
         // Samples in sysprof's probes, merged into one `[sysprof probes]` frame where they start.
         label_probe_frames(&mut frames);
-        let (weight, threads) =
-            merged.entry((sample.tgid, root_label(sample, processes), frames)).or_default();
+        let root = root_label(sample, resolved.image_of(sample), processes);
+        let (weight, threads) = merged.entry((sample.tgid, root, frames)).or_default();
         *weight = weight.saturating_add(sample.weight);
         let thread = sample.comm.map(|comm| comm_to_string(&comm)).unwrap_or_default();
         let on_thread = threads.entry((sample.tid, thread)).or_default();
@@ -358,6 +389,11 @@ pub fn cpu_profile(
 /// The frame that stands for the kernel code that runs only because sysprof's probes are
 /// attached: its cost, never the target's.
 pub const SYSPROF_PROBES: &str = "[sysprof probes]";
+
+/// The frame that stands for the user part of a launched command's stacks before its exec:
+/// sysprof's launcher, forked, waiting at its gate or calling execve (see
+/// `procs::Image::launcher`). The kernel frames under it are the command's start.
+pub const SYSPROF_LAUNCHER: &str = "[sysprof launcher]";
 
 /// Kernel functions that run only for attached probes: the syscall tracepoints' slow path, the
 /// software perf events (page faults), the uprobe traps (the breakpoint, the single step of the
@@ -411,6 +447,7 @@ fn sample_of(key: &SampleKey, count: u64) -> StackSample {
         comm: Some(key.comm),
         weight: count,
         tag: 0,
+        image: ImageOf::Generation(key.exec_id),
     }
 }
 
@@ -455,18 +492,20 @@ fn marker(label: &str) -> Frame {
     Frame::new(label.into(), "".into())
 }
 
-/// The flamegraph root for a sample: the process name, with idle and kernel threads labelled.
-fn root_label(sample: &StackSample, processes: &ProcessTable) -> String {
+/// The flamegraph root for a sample: the name of the process's image `image` (the program it
+/// ran then), with idle and kernel threads labelled.
+fn root_label(sample: &StackSample, image: u32, processes: &ProcessTable) -> String {
     if sample.tid == 0 && sample.tgid == 0 {
         return "[idle]".into();
     }
     let record = processes.get(sample.tgid);
     let name = record
-        .map(|p| p.name.clone())
+        .map(|p| p.image(image as usize).name.to_string())
         .filter(|n| !n.is_empty())
         .or_else(|| sample.comm.map(|comm| comm_to_string(&comm)))
         .unwrap_or_else(|| format!("pid {}", sample.tgid));
-    let kernel_thread = sample.user_stack_id == stack::NONE && record.is_some_and(|p| p.maps.is_none());
+    let kernel_thread = sample.user_stack_id == stack::NONE
+        && record.is_some_and(|p| p.images().all(|image| image.maps.is_none()));
     if kernel_thread { format!("[kernel thread] {name}") } else { name }
 }
 
@@ -491,6 +530,7 @@ mod tests {
                         user_stack_id: stack::NONE,
                         kernel_stack_id: stack::LOST,
                         comm: [0; 16],
+                        exec_id: 0,
                     },
                     5,
                 ),
@@ -501,6 +541,7 @@ mod tests {
                         user_stack_id: stack::NONE,
                         kernel_stack_id: stack::LOST,
                         comm: [1; 16],
+                        exec_id: 0,
                     },
                     2,
                 ),
@@ -553,6 +594,7 @@ mod tests {
             comm: Some(*b"app\0\0\0\0\0\0\0\0\0\0\0\0\0"),
             weight: 3,
             tag: 0,
+            image: ImageOf::default(),
         }];
         let resolved = ResolvedStacks::default();
         let profile = build(&samples, &resolved, &ProcessTable::new(), "us", |_, _| Some("[sleep]".into()));

@@ -59,7 +59,31 @@ impl Bytes {
     pub(crate) fn decode<T: Pod>(&self) -> anyhow::Result<T> {
         from_bytes(&self.0)
     }
+
+    /// A key of map `name`, which may have been saved before its type grew (see
+    /// [`GROWN_KEYS`]): its added fields read as 0.
+    fn decode_key<T: Pod>(&self, name: &str) -> anyhow::Result<T> {
+        let grown = GROWN_KEYS.iter().any(|&(map, size)| map == name && size == self.0.len());
+        if grown && self.0.len() < size_of::<T>() {
+            let mut bytes = self.0.clone();
+            bytes.resize(size_of::<T>(), 0);
+            return from_bytes(&bytes);
+        }
+        from_bytes(&self.0)
+    }
 }
+
+/// Maps whose key type grew fields at its end since read-outs were first saved, with its size
+/// before. The program image a stack was taken in (`sysprof_common::exec_id`), added to every
+/// key that holds a user stack: an older read-out's keys hold none, which reads as unknown,
+/// each process's one image.
+const GROWN_KEYS: [(&str, usize); 5] = [
+    (names::CPU_SAMPLES, 32),
+    (names::OFFCPU, 16),
+    (names::WAKES, 32),
+    (names::FAULT_STACKS, 16),
+    (names::ALLOC_STACKS, 16),
+];
 
 /// Reads the maps: from the kernel (keeping every answer when asked), or from a saved
 /// read-out.
@@ -126,7 +150,7 @@ impl<'a> MapReader<'a> {
             }
             MapReader::Replay(contents) => {
                 for (key, value) in contents.hashes.get(name).into_iter().flatten() {
-                    let decoded = key.decode().and_then(|key| Ok((key, value.decode()?)));
+                    let decoded = key.decode_key(name).and_then(|key| Ok((key, value.decode()?)));
                     let (key, value) = decoded.with_context(|| format!("map {name} in the read-out"))?;
                     each(key, value);
                 }
@@ -315,6 +339,7 @@ mod tests {
             user_stack_id: -1,
             kernel_stack_id: 3,
             comm: *b"busy\0\0\0\0\0\0\0\0\0\0\0\0",
+            exec_id: 5,
         };
         let mut contents = MapContents::default();
         contents.hashes.insert("M".into(), vec![(Bytes::of(&key), Bytes::of(&42u64))]);
@@ -324,5 +349,28 @@ mod tests {
         assert_eq!(entries.len(), 1);
         assert_eq!((entries[0].0.tgid, entries[0].0.kernel_stack_id, entries[0].1), (7, 3, 42));
         assert!(MapReader::replay(&contents).entries::<u64, u64>("M").is_err(), "sizes are checked");
+    }
+
+    /// A key saved before its image field was added reads with the field 0 (unknown); in a
+    /// map whose key did not grow, a short key is still refused.
+    #[test]
+    fn a_key_saved_before_it_grew_reads_its_new_fields_as_zero() {
+        let key = SampleKey {
+            tgid: 7,
+            tid: 8,
+            user_stack_id: 4,
+            kernel_stack_id: 3,
+            comm: *b"busy\0\0\0\0\0\0\0\0\0\0\0\0",
+            exec_id: 5,
+        };
+        let mut old = Bytes::of(&key);
+        old.0.truncate(32);
+        let mut contents = MapContents::default();
+        contents.hashes.insert(names::CPU_SAMPLES.into(), vec![(old.clone(), Bytes::of(&42u64))]);
+        contents.hashes.insert("M".into(), vec![(old, Bytes::of(&42u64))]);
+        let entries: Vec<(SampleKey, u64)> =
+            MapReader::replay(&contents).entries(names::CPU_SAMPLES).unwrap();
+        assert_eq!(entries, [(SampleKey { exec_id: sysprof_common::exec_id::UNKNOWN, ..key }, 42)]);
+        assert!(MapReader::replay(&contents).entries::<SampleKey, u64>("M").is_err());
     }
 }

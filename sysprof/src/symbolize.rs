@@ -78,8 +78,9 @@ impl Frame {
     pub const UNREAD_MODULE: &'static str = "[unknown]";
     /// The module of an address outside every mapping of the process's last read.
     pub const UNMAPPED_MODULE: &'static str = "[unmapped]";
-    /// The function of a leaf in code unmapped before the process's maps were read (the
-    /// program before its exec), in place of the frames its addresses would give now.
+    /// The function of a leaf in code unmapped before its image's maps were read (a library
+    /// closed, an exec sysprof did not hear of), in place of the frames its addresses would
+    /// give now.
     pub const UNMAPPED_CODE: &'static str = "[unmapped code]";
 
     pub fn is_kernel(&self) -> bool {
@@ -100,15 +101,29 @@ impl Frame {
 /// outermost first.
 pub type Frames = Vec<Frame>;
 
-/// The frames each address resolved to: kernel addresses, and user addresses per process; and
-/// what could not be read, for the report's limitations.
+/// The frames each address resolved to: kernel addresses, and user addresses per process and
+/// program image (`procs::ImageOf`); and what could not be read, for the report's limitations.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Symbols {
     kernel: BTreeMap<u64, Frames>,
+    /// Each process's first image's (its only one in read-outs saved before images were kept).
     user: BTreeMap<u32, BTreeMap<u64, Frames>>,
-    /// Each said once.
+    /// What could not be read (a file's debug info, a perf map), each said once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     notes: Vec<String>,
+    /// Those of the images after, by process and image.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    later_images: BTreeMap<u32, BTreeMap<u32, BTreeMap<u64, Frames>>>,
+}
+
+impl Symbols {
+    /// The answers for image `image` of process `pid`.
+    fn user_mut(&mut self, pid: u32, image: u32) -> &mut BTreeMap<u64, Frames> {
+        match image {
+            0 => self.user.entry(pid).or_default(),
+            _ => self.later_images.entry(pid).or_default().entry(image).or_default(),
+        }
+    }
 }
 
 /// Resolves addresses to frames, caching per file and per kernel address.
@@ -399,12 +414,19 @@ impl Symbolizer {
             .collect()
     }
 
-    /// User addresses of process `pid` to frames, through its mapping snapshot.
-    pub fn user(&mut self, pid: u32, maps: Option<&ProcessMaps>, addrs: &[u64]) -> HashMap<u64, Frames> {
+    /// User addresses of process `pid`'s program image `image` (see `procs::ProcessRecord::image`)
+    /// to frames, through its mapping snapshot `maps`.
+    pub fn user(
+        &mut self,
+        pid: u32,
+        image: u32,
+        maps: Option<&ProcessMaps>,
+        addrs: &[u64],
+    ) -> HashMap<u64, Frames> {
         if !self.keep_answers {
             return self.resolve_user(pid, maps, addrs);
         }
-        let known = self.known.user.entry(pid).or_default();
+        let known = self.known.user_mut(pid, image);
         let missing: Vec<u64> = addrs.iter().copied().filter(|a| !known.contains_key(a)).collect();
         if !missing.is_empty() {
             let fresh = match self.blazesym {
@@ -414,9 +436,9 @@ impl Symbolizer {
                     .map(|&addr| (addr, vec![Frame::unknown(Frame::UNREAD_MODULE, addr)]))
                     .collect(),
             };
-            self.known.user.entry(pid).or_default().extend(fresh);
+            self.known.user_mut(pid, image).extend(fresh);
         }
-        let known = &self.known.user[&pid];
+        let known = self.known.user_mut(pid, image);
         addrs.iter().map(|addr| (*addr, known[addr].clone())).collect()
     }
 
@@ -678,7 +700,7 @@ mod tests {
         let pid = std::process::id();
         let maps = ProcessMaps::read(pid).unwrap();
         let addr = sysprof_symbolize_test_marker as *const () as u64;
-        let frames = Symbolizer::new().user(pid, Some(&maps), &[addr]);
+        let frames = Symbolizer::new().user(pid, 0, Some(&maps), &[addr]);
         let frame = &frames[&addr][0];
         assert_eq!(&*frame.function, "sysprof_symbolize_test_marker");
         assert!(frame.module.starts_with("sysprof-"), "module {}", frame.module);
@@ -697,7 +719,7 @@ mod tests {
             sysprof_symbolize_test_marker as *const () as u64,
             sysprof_symbolize_test_other as *const () as u64,
         );
-        let frames = Symbolizer::new().user(pid, Some(&maps), &[a, b]);
+        let frames = Symbolizer::new().user(pid, 0, Some(&maps), &[a, b]);
         let (first, second) = (&frames[&a][0], &frames[&b][0]);
         assert_eq!(&*second.function, "sysprof_symbolize_test_other");
         // One copy of the module's name for the file, not one per frame: a busy host's trace
@@ -723,8 +745,8 @@ mod tests {
         for keeping in [false, true] {
             let mut symbolizer =
                 if keeping { Symbolizer::new().keeping_answers() } else { Symbolizer::new() };
-            let own = symbolizer.user(pid, Some(&maps), &[addr]);
-            let other = symbolizer.user(pid + 1, Some(&moved), &[addr + SHIFT]);
+            let own = symbolizer.user(pid, 0, Some(&maps), &[addr]);
+            let other = symbolizer.user(pid + 1, 0, Some(&moved), &[addr + SHIFT]);
             let (own, other) = (&own[&addr][0], &other[&(addr + SHIFT)][0]);
             assert_eq!(&*other.function, "sysprof_symbolize_test_marker");
             // Resolved once for the file: the second process's frame is the first one's.
@@ -780,14 +802,14 @@ mod tests {
         // Its DWARF read: the inlined-function names come with it, and no note.
         let (maps, address) = compressed_dwarf_program(dir.path(), false, "compressed_dwarf_fn");
         let mut symbolizer = Symbolizer::new();
-        let frames = symbolizer.user(1, Some(&maps), &[address]);
+        let frames = symbolizer.user(1, 0, Some(&maps), &[address]);
         assert_eq!(&*frames[&address][0].function, "compressed_dwarf_fn");
         assert_eq!(symbolizer.notes(), &[] as &[String]);
         // Claiming 1 TiB: read from its symbol table, said once.
         let (maps, address) = compressed_dwarf_program(dir.path(), true, "compressed_dwarf_fn");
         let mut symbolizer = Symbolizer::new();
         for _ in 0..2 {
-            let frames = symbolizer.user(1, Some(&maps), &[address, address + 1]);
+            let frames = symbolizer.user(1, 0, Some(&maps), &[address, address + 1]);
             assert_eq!(&*frames[&address][0].function, "compressed_dwarf_fn");
         }
         let path = dir.path().join("prog");
@@ -813,7 +835,7 @@ mod tests {
         std::fs::rename(&path, dir.path().join("prog.mapped")).unwrap();
         std::fs::copy(dir.path().join("prog.mapped"), &path).unwrap();
         let mut symbolizer = Symbolizer::new();
-        let frames = symbolizer.user(1, Some(&maps), &[address]);
+        let frames = symbolizer.user(1, 0, Some(&maps), &[address]);
         assert_eq!(*frames[&address][0].function, *format!("[unknown] prog+{:#x}", address - 0x10000));
         let note = &symbolizer.notes()[0];
         assert!(
@@ -838,7 +860,7 @@ mod tests {
                 key: FileKey::default(),
             },
         }]);
-        let frames = Symbolizer::new().user(1, Some(&maps), &[0x1234, 0x9000]);
+        let frames = Symbolizer::new().user(1, 0, Some(&maps), &[0x1234, 0x9000]);
         assert_eq!(&*frames[&0x1234][0].function, "[unknown] libfoo.so+0x234");
         assert_eq!(&*frames[&0x9000][0].function, "[unknown] [unmapped]+0x9000");
     }

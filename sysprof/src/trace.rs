@@ -203,7 +203,7 @@ fn kernel_config(
         signal_live_offset: offsets.signal_live,
         task_mm_offset: offsets.mm,
         mm_vdso_offset: offsets.mm_vdso,
-        _pad: 0,
+        task_exec_id_offset: offsets.exec_id,
     };
     for family in families::enabled(props) {
         family.configure(&mut kernel);

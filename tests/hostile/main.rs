@@ -9,6 +9,8 @@ mod support;
 
 /// Bounds and faults: options at their limits, a process that execs, kernel memory.
 mod bounds;
+/// A target that execs mid-trace: each sample resolved against the program it ran in.
+mod exec;
 /// Files handed to `report`, `merge` and `tables`, and the unwind cache.
 mod inputs;
 /// Files a target maps or leaves for sysprof to read: its binaries, libraries, perf maps.

@@ -107,6 +107,7 @@ fn fault(ctx: &PerfEventContext, major: u32) {
         } else {
             stack_id_counted(&FAULT_TRACES, &FAULT_TRACES_OVERFLOW, ctx, 0, Counter::FaultStacksLost)
         },
+        exec_id: crate::process::current_exec_id(),
     };
     // The fault is counted all the same: only the profile loses its stack.
     if !add_count(&FAULT_STACKS, &key, u64::from(every)) {

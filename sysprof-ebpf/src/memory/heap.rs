@@ -152,15 +152,19 @@ fn leave(ctx: &RetProbeContext) -> u32 {
         counters::add(Counter::AllocsLost, 1);
         return 0;
     };
-    let live =
-        LiveAlloc { size: state.size, caller: state.caller, user_stack_id: state.user_stack_id, _pad: 0 };
+    // The image of the entry's stack: a call returns in the image it began in.
+    let exec_id = crate::process::current_exec_id();
+    let live = LiveAlloc { size: state.size, caller: state.caller, user_stack_id: state.user_stack_id, exec_id };
     let tracked = LIVE_ALLOCS.insert(LiveKey { tgid, _pad: 0, ptr }, live, 0).is_ok();
     if !tracked {
         counters::add(Counter::AllocsUntracked, 1);
     }
     // SAFETY: map value pointer valid for this run.
     add_to_process(unsafe { &mut *process }, state.size, tracked);
-    add_to_site(AllocKey { tgid, user_stack_id: state.user_stack_id, caller: state.caller }, state.size);
+    add_to_site(
+        AllocKey { tgid, user_stack_id: state.user_stack_id, caller: state.caller, exec_id, _pad: 0 },
+        state.size,
+    );
     0
 }
 
@@ -252,6 +256,19 @@ fn forget(tgid: u32, ptr: u64) {
             atomic::add(&raw mut process.live, size.wrapping_neg());
         }
         None => atomic::add(&raw mut process.untracked_frees, 1),
+    }
+}
+
+/// Process `tgid` replaced its program (an exec): its blocks went with its address space, and
+/// none is live from now on. Their entries stay in `LIVE_ALLOCS` (a block of the new program
+/// at one of their addresses takes its place), and userspace leaves out those of programs that
+/// ended (see `memory/profiles.rs::heap_profile`).
+#[inline(always)]
+pub fn exec_ended(tgid: u32) {
+    if let Some(process) = PROCESS_ALLOCS.get_ptr_mut(tgid) {
+        // SAFETY: map value pointer valid for this run; the exec'ing thread is its process's
+        // only one now, so no allocation of it races the write.
+        unsafe { (*process).live = 0 };
     }
 }
 

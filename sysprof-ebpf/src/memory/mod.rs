@@ -3,4 +3,4 @@
 
 pub mod address_space;
 pub mod faults;
-mod heap;
+pub mod heap;

@@ -252,7 +252,7 @@ mod tests {
                 200,
             ),
             stack("as", &[("[unknown] [unmapped]+0x9000", "[unmapped]")], 30),
-            // A leaf in the code of the program before an exec.
+            // A leaf in code unmapped before the maps were read.
             stack("sh", &[("main", "sh"), (Frame::UNMAPPED_CODE, "")], 20),
             // A stripped library, twice in one stack: its samples count once.
             stack(

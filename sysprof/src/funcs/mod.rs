@@ -193,7 +193,8 @@ pub fn rows(
             for (key, stats) in calls.iter().filter(|(key, _)| key.func == id) {
                 latency::merge(&mut hist, &stats.latency);
                 negative += stats.errors;
-                let site = names.call_site(key.tgid, key.user_stack_id, key.caller);
+                let image = crate::procs::ImageOf::Generation(key.exec_id);
+                let site = names.call_site(key.tgid, image, key.user_stack_id, key.caller);
                 match callers.iter_mut().find(|(s, _)| *s == site) {
                     Some((_, count)) => *count += stats.latency.count,
                     None => callers.push((site, stats.latency.count)),

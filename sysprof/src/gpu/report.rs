@@ -15,6 +15,7 @@ use super::{
 use crate::{
     callsites::Names,
     latency::{self, Percentiles},
+    procs::ImageOf,
     report::{
         format::{bytes, thousands},
         recommendation::Recommendation,
@@ -230,7 +231,8 @@ pub fn build(
 
     let mut leaks: HashMap<(Pool, i32, String), (u64, u64)> = HashMap::new();
     for ((tgid, _), allocation) in state.live() {
-        let site = names.call_site(*tgid, allocation.user_stack_id, allocation.caller);
+        let image = ImageOf::At(allocation.at_ns);
+        let site = names.call_site(*tgid, image, allocation.user_stack_id, allocation.caller);
         let entry = leaks.entry((allocation.pool, allocation.device, site)).or_default();
         entry.0 += 1;
         entry.1 += allocation.size;
@@ -264,8 +266,9 @@ pub fn build(
 
 fn compute(calls: &[(CallKey, CallStats)], names: &dyn Names, wall_s: f64) -> ComputeReport {
     let kind = |key: &CallKey| functions::by_id(key.func).map(|f| f.kind);
+    let image = |key: &CallKey| ImageOf::Generation(key.exec_id);
     let mut launch_latency = latency::empty();
-    let mut kernels: HashMap<(u32, u64), (u64, sysprof_common::LatencyHistogram)> = HashMap::new();
+    let mut kernels: HashMap<(u32, u32, u64), (u64, sysprof_common::LatencyHistogram)> = HashMap::new();
     let mut report = ComputeReport::default();
     let mut sites: HashMap<(String, String), (u64, u64)> = HashMap::new();
     let mut sync_ns = 0u64;
@@ -275,7 +278,9 @@ fn compute(calls: &[(CallKey, CallStats)], names: &dyn Names, wall_s: f64) -> Co
             Some(Kind::Launch) => {
                 report.launches += stats.latency.count;
                 latency::merge(&mut launch_latency, &stats.latency);
-                let entry = kernels.entry((key.tgid, key.detail)).or_insert_with(|| (0, latency::empty()));
+                let entry = kernels
+                    .entry((key.tgid, key.exec_id, key.detail))
+                    .or_insert_with(|| (0, latency::empty()));
                 entry.0 += stats.latency.count;
                 latency::merge(&mut entry.1, &stats.latency);
             }
@@ -285,7 +290,7 @@ fn compute(calls: &[(CallKey, CallStats)], names: &dyn Names, wall_s: f64) -> Co
                 sync_ns += stats.latency.total_ns;
                 let function = functions::by_id(key.func).map_or("?", |f| f.name).to_string();
                 let entry = sites
-                    .entry((function, names.call_site(key.tgid, key.user_stack_id, key.caller)))
+                    .entry((function, names.call_site(key.tgid, image(key), key.user_stack_id, key.caller)))
                     .or_default();
                 entry.0 += stats.latency.count;
                 entry.1 += stats.latency.total_ns;
@@ -299,8 +304,11 @@ fn compute(calls: &[(CallKey, CallStats)], names: &dyn Names, wall_s: f64) -> Co
     report.launch_latency = (report.launches > 0).then(|| latency::percentiles(&launch_latency));
     let mut top: Vec<KernelRow> = kernels
         .into_iter()
-        .map(|((tgid, address), (launches, hist))| KernelRow {
-            kernel: if address == 0 { "(unknown kernel)".into() } else { names.symbol(tgid, address) },
+        .map(|((tgid, exec_id, address), (launches, hist))| KernelRow {
+            kernel: match address {
+                0 => "(unknown kernel)".into(),
+                _ => names.symbol(tgid, ImageOf::Generation(exec_id), address),
+            },
             launches,
             launch_p50_ns: latency::percentiles(&hist).p50_ns,
         })

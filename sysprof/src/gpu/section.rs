@@ -15,6 +15,7 @@ use crate::{
     family::{Analysis, Family},
     latency::format_ns,
     output::markdown::{escape, table},
+    procs::ImageOf,
     profile::{self, StackProfile, StackSample},
     report::{
         Section,
@@ -59,7 +60,7 @@ fn call_profile(calls: &[(CallKey, CallStats)], cx: &Analysis<'_>) -> StackProfi
         .iter()
         .map(|(key, stats)| StackSample {
             weight: stats.latency.total_ns,
-            ..callsites::sample(key.tgid, key.user_stack_id)
+            ..callsites::sample(key.tgid, ImageOf::Generation(key.exec_id), key.user_stack_id)
         })
         .collect();
     profile::build(&samples, cx.names.stacks(), cx.processes, "ns", |_, _| None)

@@ -18,6 +18,8 @@ pub struct Allocation {
     pub device: i32,
     pub user_stack_id: i32,
     pub caller: u64,
+    /// When it was made (its call's start): which image of its process the stack is of.
+    pub at_ns: u64,
 }
 
 /// Allocations of one pool on one device.
@@ -311,7 +313,14 @@ impl GpuState {
         }
         self.live.insert(
             (event.tgid, event.out),
-            Allocation { size, pool, device, user_stack_id: event.user_stack_id, caller: event.caller },
+            Allocation {
+                size,
+                pool,
+                device,
+                user_stack_id: event.user_stack_id,
+                caller: event.caller,
+                at_ns: event.start_ns,
+            },
         );
     }
 

@@ -10,7 +10,7 @@ use sysprof_common::{FaultKey, stack};
 use crate::{
     callsites,
     memory::MemoryDump,
-    procs::ProcessTable,
+    procs::{ImageOf, ProcessTable},
     profile::{self, ResolvedStacks, StackProfile, StackSample},
     symbolize::Symbolizer,
 };
@@ -61,6 +61,7 @@ pub fn fault_profile(
         comm: None,
         weight: *weight,
         tag: key.major,
+        image: ImageOf::Generation(key.exec_id),
     };
     let merged = profile::merge_by_process(
         fault_stacks,
@@ -142,16 +143,22 @@ pub fn heap_profile(
             next as i32
         })
     };
-    let mut live: HashMap<(u32, i32), u64> = HashMap::new();
-    for (key, block) in &dump.live {
-        let slot = live.entry((key.tgid, stack_of(block.user_stack_id, block.caller))).or_default();
+    let mut live: HashMap<(u32, u32, i32), u64> = HashMap::new();
+    // A block of a program its process exec'd away from went with its address space (the
+    // kernel side took it out of the live bytes then, `heap::exec_ended`).
+    let current = |tgid: u32, exec_id: u32| {
+        processes.get(tgid).is_none_or(|p| p.image_index(ImageOf::Generation(exec_id)) == p.earlier.len())
+    };
+    for (key, block) in dump.live.iter().filter(|(key, block)| current(key.tgid, block.exec_id)) {
+        let stack = stack_of(block.user_stack_id, block.caller);
+        let slot = live.entry((key.tgid, block.exec_id, stack)).or_default();
         *slot = slot.saturating_add(block.size);
     }
     let mut samples = Vec::with_capacity(dump.alloc_sites.len());
-    let mut counts: HashMap<(u32, i32), u64> = HashMap::new();
+    let mut counts: HashMap<(u32, u32, i32), u64> = HashMap::new();
     for (key, stats) in dump.alloc_sites.iter().filter(|(key, _)| key.tgid != sysprof_pid) {
         let id = stack_of(key.user_stack_id, key.caller);
-        let slot = counts.entry((key.tgid, id)).or_default();
+        let slot = counts.entry((key.tgid, key.exec_id, id)).or_default();
         *slot = slot.saturating_add(stats.count);
         samples.push(StackSample {
             tgid: key.tgid,
@@ -161,12 +168,13 @@ pub fn heap_profile(
             comm: None,
             weight: stats.bytes,
             tag: 0,
+            image: ImageOf::Generation(key.exec_id),
         });
     }
     let live_samples: Vec<StackSample> = live
         .iter()
-        .filter(|((tgid, _), _)| *tgid != sysprof_pid)
-        .map(|(&(tgid, user_stack_id), &bytes)| StackSample {
+        .filter(|((tgid, _, _), _)| *tgid != sysprof_pid)
+        .map(|(&(tgid, exec_id, user_stack_id), &bytes)| StackSample {
             tgid,
             tid: tgid,
             user_stack_id,
@@ -174,6 +182,7 @@ pub fn heap_profile(
             comm: None,
             weight: bytes,
             tag: 0,
+            image: ImageOf::Generation(exec_id),
         })
         .collect();
     let every: Vec<StackSample> = samples.iter().chain(&live_samples).copied().collect();
@@ -181,22 +190,26 @@ pub fn heap_profile(
     let profile = profile::build(&samples, &resolved, processes, "bytes", |_, _| None);
     let live_profile = profile::build(&live_samples, &resolved, processes, "bytes", |_, _| None);
 
-    let mut sites: BTreeMap<(u32, String), AllocSite> = BTreeMap::new();
+    let mut sites: BTreeMap<(u32, String, String), AllocSite> = BTreeMap::new();
     for sample in &samples {
         let frames = resolved.frames(sample);
         let site = callsites::own_frame(&frames)
             .or(frames.last())
             .map(callsites::describe)
             .unwrap_or_else(|| "[no user stack]".into());
-        let row = sites.entry((sample.tgid, site.clone())).or_insert_with(|| AllocSite {
+        // Named as the program that allocated was.
+        let image = resolved.image_of(sample) as usize;
+        let process = processes.get(sample.tgid).map(|p| p.image(image).name.to_string()).unwrap_or_default();
+        let row = sites.entry((sample.tgid, process.clone(), site.clone())).or_insert_with(|| AllocSite {
             pid: sample.tgid,
-            process: processes.get(sample.tgid).map(|p| p.name.clone()).unwrap_or_default(),
+            process,
             site,
             allocations: 0,
             bytes: 0,
             live_bytes: 0,
         });
-        let key = (sample.tgid, sample.user_stack_id);
+        let ImageOf::Generation(exec_id) = sample.image else { continue };
+        let key = (sample.tgid, exec_id, sample.user_stack_id);
         row.allocations = row.allocations.saturating_add(counts.remove(&key).unwrap_or(0));
         row.live_bytes = row.live_bytes.saturating_add(live.remove(&key).unwrap_or(0));
         row.bytes = row.bytes.saturating_add(sample.weight);

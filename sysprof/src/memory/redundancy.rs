@@ -93,6 +93,7 @@ pub fn copied_ranges(gpu: &GpuState, heap: Option<&LiveBlocks>, names: &dyn Name
         last_device_address: u64,
         stack: i32,
         caller: u64,
+        at_ns: u64,
     }
     let mut ranges: BTreeMap<(u32, u64, u64), Copies> = BTreeMap::new();
     for copy in &gpu.h2d {
@@ -101,6 +102,7 @@ pub fn copied_ranges(gpu: &GpuState, heap: Option<&LiveBlocks>, names: &dyn Name
             last_device_address: 0,
             stack: copy.user_stack_id,
             caller: copy.caller,
+            at_ns: copy.at_ns,
         });
         entry.count += 1;
         entry.last_device_address = copy.device;
@@ -121,7 +123,12 @@ pub fn copied_ranges(gpu: &GpuState, heap: Option<&LiveBlocks>, names: &dyn Name
                 host_evidence,
                 on_both_sides: device.is_some() && host_evidence.is_allocated(),
                 recopied: bytes * copies.count.saturating_sub(1),
-                call_site: names.call_site(pid, copies.stack, copies.caller),
+                call_site: names.call_site(
+                    pid,
+                    crate::procs::ImageOf::At(copies.at_ns),
+                    copies.stack,
+                    copies.caller,
+                ),
             }
         })
         .collect();

@@ -60,8 +60,8 @@ pub fn module_files(
     known: &BTreeMap<String, String>,
 ) -> HashMap<String, ModuleFile> {
     let mut files = HashMap::new();
-    for (_, record) in processes.iter() {
-        let Some(maps) = &record.maps else { continue };
+    // Every image's: a module may be of the program a process ran before its exec.
+    for maps in processes.iter().flat_map(|(_, record)| record.images().filter_map(|image| image.maps)) {
         for mapping in maps.mappings() {
             let Backing::File { path, open, key } = &mapping.backing else { continue };
             let module = mapping.module_name();

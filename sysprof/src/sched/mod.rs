@@ -17,7 +17,7 @@ use sysprof_common::{TASK_REPORT_MAX, ThreadSched};
 pub use self::probes::SchedDump;
 use crate::{
     latency::{self, Percentiles},
-    procs::{ProcessTable, comm_to_string},
+    procs::{ImageOf, ProcessTable, comm_to_string},
     profile::{StackProfile, StackSample},
     symbolize::Frame,
 };
@@ -212,6 +212,7 @@ pub fn offcpu_samples(dump: &SchedDump) -> Vec<StackSample> {
             comm: None,
             weight: value.total_ns / 1_000,
             tag: key.state,
+            image: ImageOf::Generation(key.exec_id),
         })
         .collect()
 }

@@ -12,7 +12,7 @@ use sysprof_common::{OffCpuValue, WakeKey, stack};
 
 use super::{LockRelease, innermost_own_function, offcpu_reason, program_function, thread_name};
 use crate::{
-    procs::ProcessTable,
+    procs::{ImageOf, ProcessTable},
     profile::{ResolvedStacks, StackSample},
     symbolize::Symbolizer,
 };
@@ -51,7 +51,7 @@ pub fn analyze(
     processes: &mut ProcessTable,
     symbolizer: &mut Symbolizer,
 ) -> (Vec<Wake>, Vec<LockRelease>) {
-    let sample = |tgid: u32, user_stack_id: i32, kernel_stack_id: i32| StackSample {
+    let sample = |tgid: u32, exec_id: u32, user_stack_id: i32, kernel_stack_id: i32| StackSample {
         tgid,
         tid: tgid,
         user_stack_id,
@@ -59,15 +59,14 @@ pub fn analyze(
         comm: None,
         weight: 0,
         tag: 0,
+        image: ImageOf::Generation(exec_id),
     };
+    let waiter = |key: &WakeKey| sample(key.tgid, key.exec_id, key.user_stack_id, key.kernel_stack_id);
+    let waker =
+        |key: &WakeKey| sample(key.waker_tgid, key.waker_exec_id, key.waker_user_stack_id, stack::NONE);
     let samples: Vec<StackSample> = wakes
         .iter()
-        .flat_map(|(key, _)| {
-            let waiter = sample(key.tgid, key.user_stack_id, key.kernel_stack_id);
-            let waker =
-                (key.waker_tgid != 0).then(|| sample(key.waker_tgid, key.waker_user_stack_id, stack::NONE));
-            std::iter::once(waiter).chain(waker)
-        })
+        .flat_map(|(key, _)| std::iter::once(waiter(key)).chain((key.waker_tgid != 0).then(|| waker(key))))
         .collect();
     let resolved = ResolvedStacks::resolve(&samples, stacks, processes, symbolizer);
     drop(samples);
@@ -76,18 +75,11 @@ pub fn analyze(
     // groups, and their rows' names took 2.6 MB at the end's peak, for the 12 shown.
     let mut grouped: HashMap<GroupKey, Group> = HashMap::new();
     for (key, value) in wakes {
-        let waiter = sample(key.tgid, key.user_stack_id, key.kernel_stack_id);
+        let waiter = waiter(key);
         let user = resolved.user_frames(&waiter);
         let reason = offcpu_reason(key.state, resolved.kernel_frames(&waiter), user);
-        let waker_in = (key.waker_tgid != 0)
-            .then(|| {
-                program_function(resolved.user_frames(&sample(
-                    key.waker_tgid,
-                    key.waker_user_stack_id,
-                    stack::NONE,
-                )))
-            })
-            .flatten();
+        let waker_in =
+            (key.waker_tgid != 0).then(|| program_function(resolved.user_frames(&waker(key)))).flatten();
         let group = grouped.entry((key.tid, reason, key.waker_tid, waker_in)).or_insert_with(|| Group {
             key: *key,
             seconds: 0.0,

@@ -27,7 +27,7 @@ use crate::{
     funcs::ProbedFunction,
     gpu::{functions, nvml, state::GpuState},
     output::Rendered,
-    procs::ProcessTable,
+    procs::{ImageOf, ProcessTable},
     profile::{ResolvedStacks, StackSample},
     readout::Counters,
     recording::Recording,
@@ -158,7 +158,8 @@ pub(crate) fn render(sources: &Sources<'_>) -> Vec<u8> {
     if let Some(gpu) = sources.gpu {
         for slice in &gpu.slices {
             let name = functions::by_id(slice.func).map_or("[unknown call]", |f| f.name);
-            let site = sources.names.call_site(slice.tgid, slice.user_stack_id, slice.caller);
+            let image = ImageOf::At(slice.start_ns);
+            let site = sources.names.call_site(slice.tgid, image, slice.user_stack_id, slice.caller);
             let mut args = vec![writer.annotation("call site", &site)];
             if let Some(bytes) = slice.bytes {
                 args.push(writer.number("bytes", bytes));
@@ -169,7 +170,8 @@ pub(crate) fn render(sources: &Sources<'_>) -> Vec<u8> {
             if slice.failed {
                 args.push(writer.annotation("result", "failed"));
             }
-            let stack = writer.user_callstack(sources.names.stacks(), slice.tgid, slice.user_stack_id);
+            let call = crate::callsites::sample(slice.tgid, image, slice.user_stack_id);
+            let stack = writer.user_callstack(sources.names.stacks(), &call);
             let track = uuid(THREAD_TRACK, u64::from(slice.tid));
             writer.slice(track, slice.start_ns, slice.start_ns + slice.duration_ns, name, args, stack);
         }
@@ -371,12 +373,13 @@ impl Writer {
                         sources.functions.iter().find(|f| f.id == event.detail).map(|f| f.symbol.clone())
                     })
                     .unwrap_or_else(|| "[unknown call]".into());
+                let image = ImageOf::At(event.start_ns);
                 let site = match library_call {
-                    Some(_) => sources.names.call_site(event.tgid, event.user_stack_id, 0),
+                    Some(_) => sources.names.call_site(event.tgid, image, event.user_stack_id, 0),
                     // A `--func` function is the program's own code, the stack's leaf: its
                     // caller is the frame above it.
                     None => {
-                        let sample = crate::callsites::sample(event.tgid, event.user_stack_id);
+                        let sample = crate::callsites::sample(event.tgid, image, event.user_stack_id);
                         let frames = sources.names.stacks().user_frames(&sample);
                         let above = frames.iter().rev().find(|f| *f.function != *name);
                         above.map_or_else(|| "[no user stack]".into(), crate::callsites::describe)
@@ -386,9 +389,13 @@ impl Writer {
                 let launch =
                     functions::by_id(event.detail).is_some_and(|f| matches!(f.kind, functions::Kind::Launch));
                 if launch && event.mark_ns != 0 {
-                    args.push(self.annotation("kernel", &sources.names.symbol(event.tgid, event.mark_ns)));
+                    let kernel = sources.names.symbol(event.tgid, image, event.mark_ns);
+                    args.push(self.annotation("kernel", &kernel));
                 }
-                let stack = self.user_callstack(sources.names.stacks(), event.tgid, event.user_stack_id);
+                let stack = self.user_callstack(
+                    sources.names.stacks(),
+                    &crate::callsites::sample(event.tgid, image, event.user_stack_id),
+                );
                 self.slice(uuid(THREAD_TRACK, tid), event.start_ns, event.end_ns, &name, args, stack);
             }
             _ => {}
@@ -540,8 +547,8 @@ impl Writer {
     }
 
     /// The user part of a call's stack, interned.
-    fn user_callstack(&mut self, stacks: &ResolvedStacks, tgid: u32, user_stack_id: i32) -> Option<u64> {
-        let frames = stacks.user_frames(&crate::callsites::sample(tgid, user_stack_id)).to_vec();
+    fn user_callstack(&mut self, stacks: &ResolvedStacks, call: &StackSample) -> Option<u64> {
+        let frames = stacks.user_frames(call).to_vec();
         self.callstack(&frames)
     }
 
@@ -618,7 +625,7 @@ fn intern(ids: &mut HashMap<String, u64>, table: &mut Vec<InternedString>, text:
     iid
 }
 
-/// An event's stacks as the resolver takes them.
+/// An event's stacks as the resolver takes them: of the image its process ran at its start.
 pub(crate) fn stack_sample(event: &TimelineEvent) -> StackSample {
     StackSample {
         tgid: event.tgid,
@@ -628,6 +635,7 @@ pub(crate) fn stack_sample(event: &TimelineEvent) -> StackSample {
         comm: None,
         weight: 1,
         tag: event.detail,
+        image: ImageOf::At(event.start_ns),
     }
 }
 
