@@ -313,8 +313,8 @@ impl Unwinder {
         }
         if self.processes_full > 0 {
             self.summary.without_table.push(format!(
-                "{} processes beyond the {} that the kernel's table holds",
-                self.processes_full,
+                "{} beyond the {} that the kernel's table holds",
+                crate::report::format::count(self.processes_full as u64, "process", "processes"),
                 shared::PROCESSES
             ));
         }
@@ -376,8 +376,8 @@ impl Unwinder {
         let chunks = rows.len().div_ceil(ROWS_PER_CHUNK) as u32;
         if self.next_chunk + chunks > self.capacity_chunks {
             return Err(format!(
-                "its table ({} rows, {}) did not fit in what is left of --unwind-memory (raise it)",
-                crate::report::format::thousands(rows.len() as u64),
+                "its table ({}, {}) did not fit in what is left of --unwind-memory (raise it)",
+                crate::report::format::count(rows.len() as u64, "row", "rows"),
                 crate::report::format::bytes(size_of_val(rows) as u64)
             ));
         }
@@ -562,9 +562,9 @@ pub fn describe_tables(files: &[PathBuf], json: bool) -> anyhow::Result<u8> {
     } else {
         for f in &figures {
             println!(
-                "{}: {} rows, {} of kernel memory; built in {:.1} ms, read from the cache in {:.1} ms",
+                "{}: {}, {} of kernel memory; built in {:.1} ms, read from the cache in {:.1} ms",
                 f.file,
-                crate::report::format::thousands(f.rows as u64),
+                crate::report::format::count(f.rows as u64, "row", "rows"),
                 crate::report::format::bytes(f.bytes),
                 f.build_ms,
                 f.cached_read_ms

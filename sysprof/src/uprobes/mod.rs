@@ -71,7 +71,8 @@ impl CallProbes {
             .with_context(|| format!("probing {label} functions in {}", path.display()))?;
         self.files.insert(id);
         if count > 0 {
-            probes.note_call_probes(&format!("{label} {} ({count} functions)", path.display()), links);
+            let functions = crate::report::format::count(count as u64, "function", "functions");
+            probes.note_call_probes(&format!("{label} {} ({functions})", path.display()), links);
             self.attached.push((path.to_path_buf(), count));
         }
         Ok(count)
