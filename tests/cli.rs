@@ -357,6 +357,16 @@ fn the_markdown_report_matches_its_golden_file() {
             bpf_cpu_share: 0.000254,
             sysprof_cpu_s: 0.21,
             sysprof_peak_rss_kib: 55904,
+            kernel_memory: Some(sysprof::kernel_memory::KernelMemory {
+                map_bytes: 66_759_288,
+                maps: 68,
+                program_bytes: 4096,
+                programs: 1,
+                largest: vec![sysprof::kernel_memory::MapMemory {
+                    name: "CPU_STACKS".into(),
+                    bytes: 17_039_680,
+                }],
+            }),
             bpf_stats_available: true,
             bpf_stats_coverage: 0.25,
         },

@@ -533,7 +533,9 @@ fn a_bounded_timeline_accounts_for_every_call_the_kernel_did_not_send() {
     // drains: those events are counted as lost (with the samples'), in neither figure above.
     let lost: u64 = limitations
         .iter()
-        .filter_map(|l| l.as_str()?.split_once(" timeline events were lost in the kernel"))
+        .filter_map(|l| {
+            l.as_str()?.split_once(" timeline event").filter(|(_, rest)| rest.contains(" lost in the kernel"))
+        })
         .map(|(count, _)| count.replace(',', "").parse::<u64>().unwrap())
         .sum();
     let Some(summary) = perfetto_summary(&dir.path().join("timeline.pftrace")) else { return };

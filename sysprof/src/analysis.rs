@@ -233,8 +233,8 @@ pub(crate) fn analyze(
     }
     if lost.total() > 0 {
         limitations.push(format!(
-            "{} events were lost in the kernel (see Lost above): the figures are computed from what was kept",
-            thousands(lost.total())
+            "{} lost in the kernel (see Lost above): the figures are computed from what was kept",
+            crate::report::format::count(lost.total(), "event was", "events were")
         ));
     }
     // The files the symbolizer could not read, or read less of, after every frame was named.
@@ -242,10 +242,10 @@ pub(crate) fn analyze(
     let unseen = shared.counters.get(Counter::SwitchesUnseen);
     if unseen > 0 {
         limitations.push(format!(
-            "{} times a task of a traced process got a CPU and the kernel did not show it leaving: the kernel \
+            "{} a task of a traced process got a CPU and the kernel did not show it leaving: the kernel \
              hides that process's own events (sandboxes hide their agent so: init, in a Firecracker guest), \
              and its samples, calls and switches are missing from this report",
-            thousands(unseen)
+            if unseen == 1 { "Once".to_string() } else { format!("{} times", thousands(unseen)) }
         ));
     }
     let mut overhead = selfcost::overhead(
@@ -259,6 +259,7 @@ pub(crate) fn analyze(
     if let Some((cpu_s, peak_rss_kib)) = run.own_usage {
         (overhead.sysprof_cpu_s, overhead.sysprof_peak_rss_kib) = (cpu_s, peak_rss_kib);
     }
+    overhead.kernel_memory = run.kernel_memory.clone();
     let cpu_samples = sections.get::<crate::cpu::CpuSection>().map_or(0, |cpu| cpu.samples());
     let report = Report {
         sysprof_version: env!("CARGO_PKG_VERSION").into(),

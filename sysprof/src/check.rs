@@ -8,8 +8,9 @@ use sysprof_common::{Config, filter};
 
 use crate::{
     btf,
-    config::SampleEvent,
-    privileges,
+    config::{Family, SampleEvent, Target, TraceConfig},
+    kernel_memory::{Snapshot, mib},
+    limits, privileges,
     probes::{MapSizes, Probes},
 };
 
@@ -35,7 +36,11 @@ pub fn run(json: bool, nvml_library: Option<&Path>) -> anyhow::Result<u8> {
                 Finding {
                     name: "NVML",
                     status: "ok",
-                    detail: format!("{} GPUs: {}", names.len(), names.join(", ")),
+                    detail: format!(
+                        "{}: {}",
+                        crate::report::format::count(names.len() as u64, "GPU", "GPUs"),
+                        names.join(", ")
+                    ),
                 }
             }
             Err(line) => Finding { name: "NVML", status: "missing", detail: line },
@@ -69,6 +74,7 @@ pub fn run(json: bool, nvml_library: Option<&Path>) -> anyhow::Result<u8> {
 /// Every check, in the order a user fixes them.
 pub fn findings() -> Vec<Finding> {
     let mut findings = vec![kernel_version(), privileges_finding(), btf_finding(), paranoid_finding()];
+    findings.extend(address_space_finding());
     // From the mount table: a non-root user cannot list a tracefs mounted with mode 0700.
     let tracefs = mount_point("tracefs");
     findings.push(presence(
@@ -225,10 +231,7 @@ fn paranoid_finding() -> Finding {
 fn bpf_findings(uprobe_pmu: bool) -> Vec<Finding> {
     let quiet_config = Config { filter: filter::TARGETS, self_tgid: std::process::id(), ..Config::default() };
     let mut findings = Vec::new();
-    let mut probes = match Probes::load(
-        &quiet_config,
-        MapSizes { stacks: 64, fault_stacks: 1, live_allocations: 1, unwind_chunks: 1 },
-    ) {
+    let mut probes = match Probes::load(&quiet_config, MapSizes::minimal()) {
         Ok(probes) => {
             findings.push(Finding {
                 name: "BPF load",
@@ -302,11 +305,8 @@ fn bpf_findings(uprobe_pmu: bool) -> Vec<Finding> {
     });
     probes.detach().wait();
     findings.push(
-        match Probes::load(
-            &quiet_config,
-            MapSizes { stacks: 64, fault_stacks: 1, live_allocations: 1, unwind_chunks: 1 },
-        )
-        .and_then(|mut p| p.attach_cpu_sampling(SampleEvent::Cycles, 1).map(|()| p))
+        match Probes::load(&quiet_config, MapSizes::minimal())
+            .and_then(|mut p| p.attach_cpu_sampling(SampleEvent::Cycles, 1).map(|()| p))
         {
             Ok(probes) => {
                 probes.detach().wait();
@@ -319,7 +319,72 @@ fn bpf_findings(uprobe_pmu: bool) -> Vec<Finding> {
             },
         },
     );
+    findings.push(kernel_memory_finding(&quiet_config));
     findings
+}
+
+/// What a default trace pins in kernel memory here, and a `--focus cpu` one: measured by loading
+/// the object with their maps' sizes (the kernel's accounting of them, as the report gives it).
+fn kernel_memory_finding(config: &Config) -> Finding {
+    let measure = |trace: &TraceConfig| -> anyhow::Result<u64> {
+        let probes = Probes::load(config, MapSizes::for_config(trace, false))?;
+        let bytes = Snapshot::take().summary().total();
+        drop(probes);
+        Ok(bytes)
+    };
+    let default = TraceConfig::new(Target::All);
+    let cpu_only = TraceConfig { focus: vec![Family::Cpu], ..default.clone() };
+    let bytes = match measure(&default) {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            // Tracing works here, with less, when the smallest trace fits.
+            let smallest = TraceConfig { stack_storage_size: 1024, unwind_memory_mib: 0, ..cpu_only };
+            let needed = crate::kernel_memory::estimate(&MapSizes::for_config(&smallest, false));
+            let fits =
+                limits::memory_cgroup().is_none_or(|cgroup| limits::leaves_room(needed, cgroup.room()));
+            return Finding {
+                name: "kernel memory",
+                status: if fits { "missing" } else { "fail" },
+                detail: format!("a default trace cannot load here: {error:#}"),
+            };
+        }
+    };
+    let cpu =
+        measure(&cpu_only).map(|bytes| format!(", {} MiB with --focus cpu", mib(bytes))).unwrap_or_default();
+    let cgroup = match limits::memory_cgroup() {
+        Some(cgroup) => format!(
+            "; sysprof's memory cgroup {} allows {} MiB, {} MiB of it in use",
+            cgroup.dir.display(),
+            cgroup.limit >> 20,
+            mib(cgroup.usage)
+        ),
+        None => String::new(),
+    };
+    Finding {
+        name: "kernel memory",
+        status: "ok",
+        detail: format!(
+            "a default trace pins {} MiB in its BPF maps here{cpu} (--stack-storage-size and --unwind-memory \
+             lower it){cgroup}",
+            mib(bytes)
+        ),
+    }
+}
+
+/// The address-space limit (`ulimit -v`), when there is one.
+fn address_space_finding() -> Option<Finding> {
+    let limit = limits::address_space_limit()?;
+    Some(match limits::check_address_space() {
+        Ok(()) => Finding {
+            name: "address space",
+            status: "ok",
+            detail: format!(
+                "ulimit -v {} KiB leaves a trace room",
+                crate::report::format::thousands(limit / 1024)
+            ),
+        },
+        Err(error) => Finding { name: "address space", status: "fail", detail: error.to_string() },
+    })
 }
 
 /// Attaches the call programs to a function of sysprof's own, as `--func` would.

@@ -148,9 +148,9 @@ pub struct TraceArgs {
     #[arg(long, value_enum, value_delimiter = ',', value_name = "FAMILY")]
     pub focus: Vec<Family>,
 
-    /// Distinct stacks the kernel can hold, in each of its two stack maps (on-CPU samples, and
-    /// the rest); stacks beyond it are counted as lost (each takes about 1 KiB of kernel memory
-    /// for the run)
+    /// Distinct stacks the kernel can hold, in each of its stack maps (on-CPU samples, page
+    /// faults, the rest, and those walked with unwind tables); stacks beyond it are counted as
+    /// lost (each takes about 1 KiB of kernel memory in each map the trace uses, for the run)
     #[arg(long, value_name = "N", default_value_t = sysprof_common::capacity::STACKS,
           value_parser = clap::value_parser!(u32).range(1..=MAX_STACK_STORAGE))]
     pub stack_storage_size: u32,
@@ -177,8 +177,9 @@ pub struct TraceArgs {
     #[arg(long, value_name = "PATH")]
     pub nccl_lib: Vec<PathBuf>,
 
-    /// How often GPU metrics are read from NVML
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    /// How often GPU metrics are read from NVML (at least 10ms); past 2,048 polls of a GPU the
+    /// interval doubles, so that a long trace keeps its whole run in bounded memory
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_interval)]
     pub gpu_interval: Duration,
 
     /// NVML library to use (default: the driver's libnvidia-ml.so.1)
@@ -192,8 +193,8 @@ pub struct TraceArgs {
     #[arg(long)]
     pub malloc: bool,
 
-    /// How often each target's memory (RSS by kind, swap) is read
-    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_memory_interval)]
+    /// How often each target's memory (RSS by kind, swap) is read (at least 10ms)
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_interval)]
     pub memory_interval: Duration,
 
     /// Events timeline.pftrace keeps at most (samples, waits off the CPU and system calls of
@@ -321,24 +322,50 @@ impl TraceArgs {
 /// The largest `--stack-storage-size`: 256 MiB of kernel memory.
 const MAX_STACK_STORAGE: i64 = 262_144;
 
+/// The longest duration an option takes: a year (humantime's `1y`, 365.25 days). The trace's
+/// deadline is the start plus `--duration`, and `Instant + Duration` panics past the clock's
+/// range (`-d 300000000000y` did, after the command was launched); an interval is multiplied
+/// by the memory reads' stretch. A year keeps all of it far inside the range, and no trace
+/// needs more.
+const MAX_DURATION: Duration = Duration::from_secs(31_557_600);
+
+/// The shortest interval of a periodic read (`--memory-interval`, `--gpu-interval`): each read
+/// costs sysprof some time (a /proc file per process, an NVML call per GPU and metric), and
+/// its samples, however many, are thinned to a bounded series.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).and_then(|d| if d.is_zero() { Err("must be more than 0".into()) } else { Ok(d) })
 }
 
-fn parse_memory_interval(text: &str) -> Result<Duration, String> {
-    parse_duration(text)
-        .and_then(|d| if d < Duration::from_millis(10) { Err("must be at least 10ms".into()) } else { Ok(d) })
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    parse_duration(text).and_then(|d| {
+        if d < MIN_INTERVAL {
+            Err(format!("must be at least {}", humantime::format_duration(MIN_INTERVAL)))
+        } else {
+            Ok(d)
+        }
+    })
 }
 
+/// A duration with units (`1m30s`, `250ms`) or a bare number of seconds, at most
+/// [`MAX_DURATION`].
 fn parse_duration(text: &str) -> Result<Duration, String> {
     // A bare number means seconds, as in `perf record -- sleep 10` habits.
-    if let Ok(seconds) = text.parse::<f64>() {
-        if seconds.is_finite() && seconds >= 0.0 {
-            return Ok(Duration::from_secs_f64(seconds));
-        }
-        return Err(format!("invalid duration {text:?}"));
+    let duration = match text.parse::<f64>() {
+        Ok(seconds) if seconds >= 0.0 => Duration::try_from_secs_f64(seconds).ok(),
+        Ok(_) => return Err(format!("invalid duration {text:?}")),
+        Err(_) => Some(humantime::parse_duration(text).map_err(|error| {
+            format!(
+                "invalid duration {text:?}: {error}; the longest is {}",
+                humantime::format_duration(MAX_DURATION)
+            )
+        })?),
+    };
+    match duration {
+        Some(duration) if duration <= MAX_DURATION => Ok(duration),
+        _ => Err(format!("must be at most {}", humantime::format_duration(MAX_DURATION))),
     }
-    humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}"))
 }
 
 #[cfg(test)]
@@ -392,6 +419,41 @@ mod tests {
         let interval = parse(&["sysprof", "trace", "--all", "--memory-interval", "1ms"]).unwrap_err();
         assert!(interval.starts_with("error: invalid value '1ms' for '--memory-interval"), "{interval}");
         assert!(parse(&["sysprof", "trace", "--all", "-d", "soon"]).is_err());
+    }
+
+    #[test]
+    fn durations_past_a_year_are_refused_before_anything_runs() {
+        // Each became the trace's deadline (start + duration), which panicked past the clock's
+        // range after the command was launched.
+        for huge in ["300000000000y", "3000000000000000y", "1e300", "1e20", "366d"] {
+            let error = parse(&["sysprof", "trace", "-d", huge, "--", "true"]).unwrap_err();
+            let first = error.lines().next().unwrap();
+            assert!(first.starts_with(&format!("error: invalid value '{huge}' for '--duration")), "{error}");
+            assert!(first.contains("1year"), "{error}");
+        }
+        let config = parse(&["sysprof", "trace", "--all", "-d", "1y"]).unwrap();
+        assert_eq!(config.duration, Some(MAX_DURATION));
+        for option in ["--memory-interval", "--gpu-interval"] {
+            let error = parse(&["sysprof", "trace", "--all", option, "300000000000y"]).unwrap_err();
+            assert!(error.contains("must be at most 1year"), "{option}: {error}");
+        }
+    }
+
+    #[test]
+    fn intervals_have_a_floor() {
+        for option in ["--gpu-interval", "--memory-interval"] {
+            for short in ["0", "0s", "1ns", "9ms"] {
+                let error = parse(&["sysprof", "trace", "--all", option, short]).unwrap_err();
+                assert!(
+                    error.starts_with(&format!(
+                        "error: invalid value '{short}' for '{option} <DURATION>': must be at least 10ms"
+                    )),
+                    "{option} {short}: {error}"
+                );
+            }
+        }
+        let config = parse(&["sysprof", "trace", "--all", "--gpu-interval", "10ms"]).unwrap();
+        assert_eq!(config.gpu_interval, MIN_INTERVAL);
     }
 
     #[test]

@@ -219,9 +219,9 @@ impl StatusLine {
     fn update(&self, elapsed: Duration, samples: u64, lost: u64) {
         let note = self.note.lock().map(|note| *note).unwrap_or(None);
         self.bar.set_message(format!(
-            "tracing {:.1}s · {} samples · {} lost · {}Ctrl-C to stop",
+            "tracing {:.1}s · {} · {} lost · {}Ctrl-C to stop",
             elapsed.as_secs_f64(),
-            thousands(samples),
+            crate::report::format::count(samples, "sample", "samples"),
             thousands(lost),
             note.map(|note| format!("{note} · ")).unwrap_or_default(),
         ));
@@ -360,6 +360,10 @@ pub(crate) struct TraceEnd {
     pub costs: Vec<crate::probes::ProgramCost>,
     /// What the unwinder did, when it ran.
     pub unwind: Option<UnwindSummary>,
+    /// The kernel memory of the maps and programs when the trace started.
+    pub kernel_memory: crate::kernel_memory::Snapshot,
+    /// The NVML polls' interval at the end, when NVML was polled.
+    pub gpu_interval: Option<Duration>,
 }
 
 /// The uprobe side of the trace: GPU libraries, `--func` functions and the allocator

@@ -90,6 +90,23 @@ pub enum Error {
     #[error("{signal} during start-up: the command was not started and nothing was traced")]
     InterruptedAtStart { signal: &'static str, code: u8 },
 
+    /// The BPF maps do not fit in sysprof's memory cgroup, or the kernel did not create one.
+    #[error("{what}: {reason}")]
+    KernelMemory { what: String, reason: String },
+
+    /// An address-space limit (`ulimit -v`) that leaves a trace too little room.
+    #[error(
+        "{what}: the address-space limit (`ulimit -v`) is {} KiB, and sysprof maps the BPF rings and arrays, its \
+         threads' stacks and the files it reads into its address space: raise the limit (`ulimit -v unlimited`) \
+         where sysprof runs",
+        crate::report::format::thousands(*limit_kib)
+    )]
+    AddressSpace { what: String, limit_kib: u64 },
+
+    /// `--pid` names a zombie: a process that exited and that its parent has not reaped.
+    #[error("pid {pid} is a zombie (it exited{parent}): there is nothing to trace")]
+    ZombieProcess { pid: u32, parent: String },
+
     /// The kernel lacks a feature the requested probes need.
     #[error("{feature} is not available on this kernel: {fix}")]
     MissingKernelFeature { feature: String, fix: String },

@@ -23,6 +23,9 @@ fn main() -> ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 1);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
+    if let Some(limit) = sysprof::limits::address_space_limit() {
+        address_space_panics(limit);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Trace(args) => match args.into_config() {
@@ -49,4 +52,25 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Under an address-space limit (`ulimit -v`), a thread or a mapping the limit refuses past the
+/// start's check (`limits::check_address_space`; a large file mapped to be symbolized, say)
+/// panics in the standard library or tokio: said in one line, with the limit and its fix, and
+/// the process ends at once, rather than a backtrace and a runtime left waiting for the thread
+/// that panicked (both seen under `ulimit -v 35000`). The kernel detaches the probes with it.
+fn address_space_panics(limit: u64) {
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic");
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        let error =
+            Error::AddressSpace { what: format!("sysprof stopped ({message}{at})"), limit_kib: limit / 1024 };
+        stderr_line(format_args!("error: {error}"));
+        std::process::exit(1);
+    }));
 }

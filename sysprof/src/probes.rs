@@ -27,7 +27,7 @@ use sysprof_common::{Config, names};
 use crate::{error::Error, privileges, target_bits::TargetBits, uprobes::Binary};
 
 /// The BPF object built from `sysprof-ebpf` by build.rs.
-static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
+pub(crate) static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("SYSPROF_BPF_OBJECT"));
 
 /// One program attached to the kernel, for the Part B changelog.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -71,27 +71,7 @@ pub fn monotonic_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// How big the maps that depend on the run's options are.
-#[derive(Clone, Copy, Debug)]
-pub struct MapSizes {
-    /// Entries of each stack map.
-    pub stacks: u32,
-    /// Entries of the page faults' stack map; 1 when faults are not traced, as stack maps are
-    /// preallocated.
-    pub fault_stacks: u32,
-    /// Heap blocks tracked at once (LRU); 1 when the heap is not traced, as the map is
-    /// preallocated.
-    pub live_allocations: u32,
-    /// Chunks of unwind rows (`sysprof_common::unwind::ROWS`); 1 when stacks are taken by
-    /// frame pointers only.
-    pub unwind_chunks: u32,
-}
-
-/// Entries of a stack map's overflow: a quarter of the map's, as only the stacks whose bucket
-/// was taken land there.
-fn overflow_size(entries: u32) -> u32 {
-    (entries / 4).max(1)
-}
+pub use crate::kernel_memory::MapSizes;
 
 /// The program ids the kernel's BPF links refer to.
 fn kernel_links() -> BTreeSet<u32> {
@@ -301,37 +281,21 @@ impl Probes {
         let stats_available = aya::sys::enable_stats(aya::sys::Stats::RunTime).is_ok();
         // The programs carry no CO-RE relocations (Rust cannot emit them: see btf.rs), so aya
         // never reads the kernel's BTF for them (it does only for such relocations).
-        let ebpf = EbpfLoader::new()
-            .override_global(names::CONFIG, config, true)
-            .map_max_entries(names::STACKS, sizes.stacks)
-            .map_max_entries(names::CPU_STACKS, sizes.stacks)
-            .map_max_entries(names::FAULT_TRACES, sizes.fault_stacks.max(1))
-            .map_max_entries(names::STACKS_OVERFLOW, overflow_size(sizes.stacks))
-            .map_max_entries(names::CPU_STACKS_OVERFLOW, overflow_size(sizes.stacks))
-            .map_max_entries(names::FAULT_TRACES_OVERFLOW, overflow_size(sizes.fault_stacks))
-            .map_max_entries(names::LIVE_ALLOCS, sizes.live_allocations.max(1))
-            .map_max_entries(sysprof_common::unwind::ROWS, sizes.unwind_chunks.max(1))
-            .map_max_entries(
-                sysprof_common::unwind::STACKS,
-                if sizes.unwind_chunks > 1 { sizes.stacks } else { 1 },
-            )
-            .map_max_entries(
-                sysprof_common::unwind::ROW_CACHE,
-                if sizes.unwind_chunks > 1 {
-                    sysprof_common::unwind::ROW_CACHE_SLOTS * aya::util::nr_cpus().map_or(1, |n| n as u32)
-                } else {
-                    1
-                },
-            )
-            .map_max_entries(
-                sysprof_common::unwind::PROCESS_MAPPINGS,
-                if sizes.unwind_chunks > 1 { sysprof_common::unwind::PROCESSES } else { 1 },
-            )
-            // TASK_STATE is a task-storage map, which aya creates but cannot read from
-            // userspace: only the kernel side uses it.
+        // Before the maps are created: their kernel memory is charged to this cgroup.
+        let cgroup = crate::limits::memory_cgroup();
+        crate::limits::check_kernel_memory(&sizes, cgroup.as_ref())?;
+        let entries = sizes.entries();
+        let mut loader = EbpfLoader::new();
+        loader.override_global(names::CONFIG, config, true);
+        for &(name, max_entries) in &entries {
+            loader.map_max_entries(name, max_entries);
+        }
+        // TASK_STATE is a task-storage map, which aya creates but cannot read from
+        // userspace: only the kernel side uses it.
+        let ebpf = loader
             .allow_unsupported_maps()
             .load(BPF_OBJECT)
-            .context("loading sysprof's BPF object")?;
+            .map_err(|error| crate::limits::load_error(error, &sizes, cgroup.as_ref()))?;
         Ok(Probes {
             ebpf,
             btf: KernelBtf::NotAsked,
@@ -803,7 +767,17 @@ impl Probes {
     pub fn take_ring(&mut self, name: &str) -> anyhow::Result<RingBuf<MapData>> {
         let map =
             self.ebpf.take_map(name).with_context(|| format!("map {name} missing from the BPF object"))?;
-        Ok(RingBuf::try_from(map)?)
+        RingBuf::try_from(map).map_err(|error| {
+            // Mapped twice over (its pages wrap around): an address-space limit refuses it.
+            match &error {
+                aya::maps::MapError::SyscallError(syscall) => {
+                    crate::limits::mapping_failed(format!("the BPF ring {name}"), &syscall.io_error)
+                        .map(anyhow::Error::from)
+                }
+                _ => None,
+            }
+            .unwrap_or_else(|| anyhow::Error::new(error).context(format!("mapping the BPF ring {name}")))
+        })
     }
 
     /// Every entry of a hash map.

@@ -188,6 +188,12 @@ pub struct RunFacts {
     /// What the unwinder did, when it ran.
     #[serde(default)]
     pub unwind: Option<crate::unwind::UnwindSummary>,
+    /// The kernel memory sysprof's BPF maps and programs held (None in older recordings).
+    #[serde(default)]
+    pub kernel_memory: Option<crate::kernel_memory::KernelMemory>,
+    /// The NVML polls' interval at the end, when it was doubled to bound their series.
+    #[serde(default)]
+    pub gpu_interval_end_ms: Option<u64>,
 }
 
 /// What the uprobe families found while the trace ran.

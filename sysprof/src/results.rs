@@ -90,6 +90,9 @@ impl Results {
             calibrate_probes(&mut probes, allocators, &mut limitations, props.quiet);
         let attached = probes.attached().to_vec();
         let files_changed = probes.probed_files_changed();
+        // While the maps are loaded: the ones allocated at insert have grown since the start.
+        let kernel_memory =
+            std::mem::take(&mut end.kernel_memory).merge(crate::kernel_memory::Snapshot::take()).summary();
         let detach = probes.detach();
         processes.final_scan();
         for pid in analysis::processes(&families) {
@@ -131,6 +134,11 @@ impl Results {
                 heap_free_probe_cost_ns: heap_cost.and_then(|cost| cost.free_ns),
                 own_usage: None,
                 unwind: end.unwind.clone(),
+                kernel_memory: Some(kernel_memory),
+                gpu_interval_end_ms: end
+                    .gpu_interval
+                    .map(|interval| interval.as_millis() as u64)
+                    .filter(|&end_ms| end_ms != props.gpu_interval_ms),
             },
             props,
             maps,
@@ -575,9 +583,9 @@ fn print_summary(
     if !written.written.is_empty() {
         let paths: Vec<String> = written.written.iter().map(|f| format!("{dir}/{f}")).collect();
         stderr_line(format_args!(
-            "Wrote {} ({} samples, {} lost).",
+            "Wrote {} ({}, {} lost).",
             paths.join(", "),
-            thousands(report.run.samples),
+            crate::report::format::count(report.run.samples, "sample", "samples"),
             thousands(report.run.lost.total())
         ));
     }

@@ -202,6 +202,7 @@ pub fn overhead(
         bpf_cpu_share: if available_ns > 0.0 { bpf_time_ns as f64 / available_ns } else { 0.0 },
         sysprof_cpu_s,
         sysprof_peak_rss_kib,
+        kernel_memory: None,
     }
 }
 

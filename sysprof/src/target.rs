@@ -47,6 +47,10 @@ pub fn resolve(target: &Target) -> Result<ResolvedTarget, Error> {
                 }
                 // The kernel filters by process: a thread id would match nothing.
                 let process = thread_group(pid).unwrap_or(pid);
+                // A zombie would be traced for no time at all and reported as having exited.
+                if let Some(stat) = proc_stat(process).filter(|stat| !stat.alive()) {
+                    return Err(zombie(pid, stat.ppid));
+                }
                 if process != pid {
                     resolved.notes.push(format!(
                         "pid {pid} is a thread of process {process} ({}): tracing process {process}, all its threads",
@@ -66,6 +70,15 @@ pub fn resolve(target: &Target) -> Result<ResolvedTarget, Error> {
             resolve_cgroup(&path)
         }
     }
+}
+
+/// The error for `--pid` of a zombie, naming the parent that has not reaped it.
+fn zombie(pid: u32, ppid: u32) -> Error {
+    let parent = match std::fs::read_to_string(format!("/proc/{ppid}/comm")) {
+        Ok(name) if ppid > 0 => format!(" and its parent {} (pid {ppid}) has not reaped it", name.trim()),
+        _ => String::new(),
+    };
+    Error::ZombieProcess { pid, parent }
 }
 
 pub fn process_exists(pid: u32) -> bool {
@@ -174,17 +187,21 @@ pub fn process_alive(pid: u32) -> bool {
 fn resolve_comm(name: &str) -> ResolvedTarget {
     let mut resolved = ResolvedTarget::new(filter::TARGETS);
     // The kernel keeps 15 bytes of a task name.
+    // The kernel keeps 15 bytes of a task name: a longer one is matched as `pgrep` would
+    // need it cut (every process whose name begins so), and said, since the name given
+    // itself can never be a process's.
     let kept = &name.as_bytes()[..name.len().min(TASK_COMM_LEN - 1)];
+    let shown = String::from_utf8_lossy(kept);
     if kept.len() < name.len() {
         resolved.notes.push(format!(
-            "the kernel keeps 15 characters of a process name: matching {:?}",
-            String::from_utf8_lossy(kept)
+            "the kernel keeps 15 characters of a process name: matching processes named {shown:?} (every name \
+             that begins so)"
         ));
     }
     resolved.comm[..kept.len()].copy_from_slice(kept);
     resolved.pids = pids_named(kept);
     if resolved.pids.is_empty() {
-        resolved.notes.push(format!("no process named {name} is running yet: waiting for one to start"));
+        resolved.notes.push(format!("no process named {shown:?} is running yet: waiting for one to start"));
     }
     resolved
 }
@@ -334,6 +351,17 @@ mod tests {
         }
         assert_eq!(proc_stat(pid).map(|stat| stat.threads), Some(1));
         assert!(!process_alive(pid), "a zombie");
+        // Refused before anything is attached, in one line that says what it is.
+        let error = resolve(&Target::Pids(vec![pid])).unwrap_err().to_string();
+        let parent = std::fs::read_to_string("/proc/self/comm").unwrap();
+        assert_eq!(
+            error,
+            format!(
+                "pid {pid} is a zombie (it exited and its parent {} (pid {}) has not reaped it): there is nothing to trace",
+                parent.trim(),
+                std::process::id()
+            )
+        );
         child.wait().unwrap();
         assert!(!process_alive(pid), "reaped");
     }
@@ -395,6 +423,18 @@ mod tests {
         assert_eq!(&resolved.comm[..15], b"a-very-long-pro");
         assert_eq!(resolved.comm[15], 0);
         assert!(resolved.notes[0].contains("15 characters"), "{:?}", resolved.notes);
+        // A hundred characters: what is waited for is the name the kernel can hold, and said.
+        let long = "x".repeat(100);
+        let resolved = resolve(&Target::Comm(long.clone())).unwrap();
+        assert_eq!(&resolved.comm[..15], "x".repeat(15).as_bytes());
+        assert_eq!(
+            resolved.notes,
+            [
+                "the kernel keeps 15 characters of a process name: matching processes named \"xxxxxxxxxxxxxxx\" \
+                 (every name that begins so)",
+                "no process named \"xxxxxxxxxxxxxxx\" is running yet: waiting for one to start",
+            ]
+        );
     }
 
     #[test]

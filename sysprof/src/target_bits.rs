@@ -44,8 +44,13 @@ impl TargetBits {
             )
         };
         if address == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("mapping {} into memory", names::TARGET_BITS));
+            let error = std::io::Error::last_os_error();
+            if let Some(limited) =
+                crate::limits::mapping_failed(format!("the BPF array {}", names::TARGET_BITS), &error)
+            {
+                return Err(limited.into());
+            }
+            return Err(error).with_context(|| format!("mapping {} into memory", names::TARGET_BITS));
         }
         let words = NonNull::new(address.cast::<AtomicU64>()).context("mmap returned null")?;
         Ok(TargetBits { words })

@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use sysprof_common::{Config, capacity, filter};
+use sysprof_common::{Config, filter};
 
 use crate::{
     btf::{self, TaskOffsets, TracepointIds},
@@ -47,6 +47,8 @@ const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Runs one trace as configured and writes its results.
 pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
+    // Before any thread or mapping that such a limit could refuse.
+    crate::limits::check_address_space()?;
     // Before the runtime's threads start: they inherit it.
     crate::priority::raise();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -83,12 +85,11 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
         say(note);
     }
     if config.stack_storage_size > sysprof_common::capacity::STACKS {
-        let maps = if config.families().memory { 3 } else { 2 };
+        let sizes = MapSizes::for_config(&config, resolved.filter == filter::TARGETS);
         say(&format!(
-            "--stack-storage-size {}: the {maps} stack maps (on-CPU, page faults when traced, and the \
-             rest) pin about {} MiB of kernel memory for the run",
+            "--stack-storage-size {}: this trace's BPF maps pin about {} MiB of kernel memory for the run",
             config.stack_storage_size,
-            (maps * u64::from(config.stack_storage_size) * STACK_ENTRY_BYTES) >> 20
+            crate::kernel_memory::mib(crate::kernel_memory::estimate(&sizes))
         ));
     }
     let mut limitations = Vec::new();
@@ -110,10 +111,6 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
     let preflight = Preflight { props, resolved, bpf_config, output, limitations, tracepoint_ids, named };
     run(config, preflight, stop).await
 }
-
-/// Bytes of kernel memory one entry of the stack map takes: 127 frames (the kernel's default
-/// perf_event_max_stack, which sizes each entry) and the bucket's header.
-const STACK_ENTRY_BYTES: u64 = 127 * 8 + 16;
 
 /// The files named on the command line, each opened once, with the rights of the user who
 /// named them through sudo: what is read and probed later is the file opened here, whatever
@@ -261,12 +258,7 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
     }
 
     // Load/attach.
-    let sizes = MapSizes {
-        stacks: config.stack_storage_size,
-        fault_stacks: if on.memory { config.stack_storage_size } else { 1 },
-        live_allocations: if heap { capacity::LIVE_ALLOCS } else { 1 },
-        unwind_chunks: unwind_chunks(config.unwind_memory_mib),
-    };
+    let sizes = MapSizes::for_config(&config, resolved.filter == filter::TARGETS);
     let mut probes = Probes::load(&bpf_config, sizes)?;
     match tracepoint_ids {
         Some(ids) => probes.use_tracepoint_ids(ids),
@@ -353,6 +345,8 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
         tracers.funcs.attach_for_program(&mut probes, gated.program(), user);
     }
     tracers.funcs.attach_ready(&mut probes, &processes, 0);
+    // Everything is loaded and every ring is still open: what the trace pins from here.
+    let kernel_memory = crate::kernel_memory::Snapshot::take();
     let ticks_at_start = CpuTicks::now();
     let started = std::time::Instant::now();
     // The kernel side's start of the trace too: the programs count from here (a thread on a
@@ -453,9 +447,12 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
         Some(command) => Some(command.end(&processes).await),
         None => None,
     };
-    let nvml_samples = match nvml_run {
-        Some((poller, topology)) => Some((poller.finish().await, topology)),
-        None => None,
+    let (nvml_samples, gpu_interval) = match nvml_run {
+        Some((poller, topology)) => {
+            let (samples, interval) = poller.finish().await;
+            (Some((samples, topology)), Some(interval))
+        }
+        None => (None, None),
     };
     let machine_busy_share =
         ticks_at_start.zip(CpuTicks::now()).and_then(|(start, end)| start.busy_share_until(&end));
@@ -482,6 +479,8 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
         machine_busy_share,
         stats_coverage,
         costs,
+        kernel_memory,
+        gpu_interval,
     };
     let timeline = timeline.map(timeline::Collector::finish);
     let results =
@@ -513,15 +512,6 @@ fn push_props(
 /// How long the start waits for the running targets' unwind tables: long enough for cached
 /// ones and small files; larger ones are written when ready, during the trace.
 const UNWIND_SETTLE: Duration = Duration::from_millis(400);
-
-/// Chunks of unwind rows in `mib` MiB of kernel memory; 0 when the unwinder is off (or this
-/// architecture has none).
-fn unwind_chunks(mib: u32) -> u32 {
-    if !Unwinder::supported() {
-        return 0;
-    }
-    (u64::from(mib) * 1024 * 1024 / size_of::<sysprof_common::unwind::RowChunk>() as u64) as u32
-}
 
 fn all_pids() -> Vec<u32> {
     std::fs::read_dir("/proc")

@@ -109,10 +109,11 @@ fn markdown(out: &mut String, cpu: &CpuSection) {
     if cpu.probe_samples > 0 {
         let _ = writeln!(
             out,
-            "{} samples ({}) were in sysprof's own probes (`[sysprof probes]`: the syscall tracepoints, \
-             the page-fault events, the uprobe traps): sysprof's cost, left out of the advice.\n",
-            thousands(cpu.probe_samples),
-            percent(cpu.probe_samples as f64 / cpu.samples().max(1) as f64)
+            "{} ({}) {} in sysprof's own probes (`[sysprof probes]`: the syscall tracepoints, the page-fault \
+             events, the uprobe traps): sysprof's cost, left out of the advice.\n",
+            crate::report::format::count(cpu.probe_samples, "sample", "samples"),
+            percent(cpu.probe_samples as f64 / cpu.samples().max(1) as f64),
+            if cpu.probe_samples == 1 { "was" } else { "were" }
         );
     }
     let rows: Vec<Vec<String>> = cpu

@@ -81,8 +81,17 @@ fn markdown(out: &mut String, gpu: &GpuReport) {
         return;
     }
     let _ = writeln!(out, "### Interconnect: CPU-GPU transfers\n");
-    let probed: Vec<String> =
-        gpu.libraries.iter().map(|l| format!("{} ({} functions)", l.path.display(), l.functions)).collect();
+    let probed: Vec<String> = gpu
+        .libraries
+        .iter()
+        .map(|l| {
+            format!(
+                "{} ({})",
+                l.path.display(),
+                crate::report::format::count(l.functions as u64, "function", "functions")
+            )
+        })
+        .collect();
     let _ = writeln!(
         out,
         "Probed: {}. Sizes are what each call asked to move (failed calls included, counted under \
@@ -180,7 +189,11 @@ fn markdown(out: &mut String, gpu: &GpuReport) {
         vec!["Graph launches".into(), thousands(compute.graph_launches)],
         vec![
             "Blocked in synchronization".into(),
-            format!("{:.3} s in {} calls", compute.sync_blocked_s, thousands(compute.sync_calls)),
+            format!(
+                "{:.3} s in {}",
+                compute.sync_blocked_s,
+                crate::report::format::count(compute.sync_calls, "call", "calls")
+            ),
         ],
         vec![
             "Communication / computation (host-observed)".into(),

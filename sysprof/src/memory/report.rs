@@ -19,7 +19,7 @@ use crate::{
     latency,
     memory::MemoryDump,
     procs::ProcessTable,
-    report::format::{bytes, thousands},
+    report::format::{bytes, count, thousands},
     report::recommendation::Recommendation,
 };
 
@@ -423,9 +423,9 @@ pub fn limitations(
     if memory.heap.is_some() {
         if untracked_allocations > 0 {
             lines.push(format!(
-                "--malloc: {} allocations came while {} blocks were live and tracked: they count in the \
-                 allocations, bytes and call sites, not in the live bytes nor the in-use profile",
-                thousands(untracked_allocations),
+                "--malloc: {} while {} blocks were live and tracked: they count in the allocations, bytes \
+                 and call sites, not in the live bytes nor the in-use profile",
+                count(untracked_allocations, "allocation came", "allocations came"),
                 thousands(u64::from(sysprof_common::capacity::LIVE_ALLOCS))
             ));
         }
@@ -433,9 +433,9 @@ pub fn limitations(
             memory.processes.iter().filter_map(|p| p.heap.as_ref()).map(|h| h.untracked_frees).sum();
         if untracked > 0 {
             lines.push(format!(
-                "--malloc: {} frees were of blocks allocated before the trace (or beyond the {} blocks \
-                 tracked at once): live bytes count only blocks allocated while traced",
-                thousands(untracked),
+                "--malloc: {} of blocks allocated before the trace (or beyond the {} blocks tracked at \
+                 once): live bytes count only blocks allocated while traced",
+                count(untracked, "free was", "frees were"),
                 thousands(u64::from(sysprof_common::capacity::LIVE_ALLOCS))
             ));
         }
@@ -508,11 +508,13 @@ pub fn recommendations(
             seconds,
             "Keep data that is copied to the GPU again and again on the GPU",
             format!(
-                "{} host ranges were each copied host-to-device 3 times or more ({} moved again, ~{seconds:.2} \
-                 s of copying); the largest, {} from {}, {} times. If they hold the same data each time \
-                 (constant inputs, weights), the copies after the first are waste; a staging buffer refilled \
-                 with new data is not",
-                recopied.len(),
+                "{} copied host-to-device 3 times or more ({} moved again, ~{seconds:.2} s of copying); the \
+                 largest, {} from {}, {} times. If they hold the same data each time (constant inputs, \
+                 weights), the copies after the first are waste; a staging buffer refilled with new data is not",
+                match recopied.len() {
+                    1 => "1 host range was".to_string(),
+                    n => format!("{} host ranges were each", thousands(n as u64)),
+                },
                 bytes(again),
                 bytes(top.bytes),
                 top.call_site,

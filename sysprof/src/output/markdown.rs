@@ -58,7 +58,12 @@ fn run_summary(out: &mut String, report: &Report) {
     rows.extend([
         vec![
             "Sampling".into(),
-            format!("{} at {} Hz per CPU, {} CPUs", run.event, run.frequency_hz, run.cpus),
+            format!(
+                "{} at {} Hz per CPU, {}",
+                run.event,
+                run.frequency_hz,
+                crate::report::format::count(u64::from(run.cpus), "CPU", "CPUs")
+            ),
         ],
         vec!["Target time".into(), format!("{:.2} s ({})", run.target_time_s, run.target_time)],
         vec!["Samples".into(), thousands(run.samples)],
@@ -87,12 +92,11 @@ fn run_summary(out: &mut String, report: &Report) {
 fn user_stacks(unwind: Option<&crate::unwind::UnwindSummary>) -> String {
     let Some(unwind) = unwind else { return "by frame pointers only (no unwind tables)".into() };
     let mut text = format!(
-        "unwound with the .eh_frame tables of {} file{} ({} from the cache): {} rows, {} of the {} \
-         reserved; frame pointers where a file has none",
-        unwind.files,
-        if unwind.files == 1 { "" } else { "s" },
+        "unwound with the .eh_frame tables of {} ({} from the cache): {}, {} of the {} reserved; frame \
+         pointers where a file has none",
+        crate::report::format::count(unwind.files as u64, "file", "files"),
         unwind.cached,
-        thousands(unwind.rows),
+        crate::report::format::count(unwind.rows, "row", "rows"),
         crate::report::format::bytes(unwind.bytes),
         crate::report::format::bytes(unwind.capacity_bytes),
     );
@@ -242,9 +246,14 @@ fn overhead(out: &mut String, report: &Report) {
     } else {
         let _ = writeln!(out, "The kernel keeps no BPF run-time statistics here (kernel.bpf_stats_enabled).");
     }
+    // Recordings from before the kernel memory was kept render as they did.
+    let kernel_memory = match &cost.kernel_memory {
+        Some(memory) => format!(", and {}", memory.describe()),
+        None => String::new(),
+    };
     let _ = writeln!(
         out,
-        "sysprof process: {:.2} s of CPU, peak RSS {} KiB. Lost events: {}.\n",
+        "sysprof process: {:.2} s of CPU, peak RSS {} KiB{kernel_memory}. Lost events: {}.\n",
         cost.sysprof_cpu_s,
         thousands(cost.sysprof_peak_rss_kib),
         report.run.lost.total()
@@ -314,10 +323,10 @@ fn part_b(out: &mut String, report: &Report) {
     table(out, &["Program", "Type", "Attached to", "Links", "Detached"], &rows);
     let _ = writeln!(
         out,
-        "Detach check: {} of {} programs confirmed detached by listing the kernel's BPF links and programs \
-         after detaching (no link to the program is left, or it is unloaded){}.",
+        "Detach check: {} of {} confirmed detached by listing the kernel's BPF links and programs after \
+         detaching (no link to the program is left, or it is unloaded){}.",
         instr.detach.programs - instr.detach.still_attached.len(),
-        instr.detach.programs,
+        crate::report::format::count(instr.detach.programs as u64, "program", "programs"),
         if gone { "" } else { " (some remained: see above)" }
     );
 }

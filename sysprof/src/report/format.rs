@@ -1,5 +1,6 @@
 //! How the report writes its numbers, for every format and every family's analysis: counts
-//! grouped by thousands, bytes in binary units, shares as percentages.
+//! grouped by thousands and with their noun in the right number, bytes in binary units,
+//! shares as percentages.
 
 /// 0.771 -> "77.1%".
 pub fn percent(share: f64) -> String {
@@ -17,6 +18,13 @@ pub fn thousands(n: u64) -> String {
         out.push(digit);
     }
     out
+}
+
+/// A count and its noun, singular for 1: `count(1, "sample", "samples")` -> "1 sample",
+/// `count(12345, ...)` -> "12,345 samples". Both forms are given, as English plurals are not
+/// all an "s" away ("process", "library").
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
 /// A time a recommendation could win back: "1.23 s", "0.45 s", "3.2 ms", "80 µs".
@@ -53,6 +61,14 @@ pub fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_take_the_singular_for_one() {
+        assert_eq!(count(1, "sample", "samples"), "1 sample");
+        assert_eq!(count(0, "sample", "samples"), "0 samples");
+        assert_eq!(count(2, "process", "processes"), "2 processes");
+        assert_eq!(count(12_345, "call", "calls"), "12,345 calls");
+    }
 
     #[test]
     fn byte_counts_read_naturally() {

@@ -158,6 +158,10 @@ pub struct Overhead {
     /// CPU time of the sysprof process itself (user + system).
     pub sysprof_cpu_s: f64,
     pub sysprof_peak_rss_kib: u64,
+    /// The kernel memory its BPF maps and programs held: memory of the machine's (charged to
+    /// sysprof's memory cgroup) that RSS does not show. None for recordings from before it
+    /// was kept.
+    pub kernel_memory: Option<crate::kernel_memory::KernelMemory>,
     /// False where the kernel refused to keep BPF run-time statistics.
     pub bpf_stats_available: bool,
     /// Share of the run the statistics were on for; runs and times above are scaled up from it.

@@ -6,7 +6,10 @@
 use std::collections::BTreeMap;
 
 use super::{ProcessSched, SchedReport};
-use crate::{latency::format_ns, report::recommendation::Recommendation};
+use crate::{
+    latency::format_ns,
+    report::{format::count, recommendation::Recommendation},
+};
 
 /// Total utilization above this share of the CPUs counts as saturated.
 const SATURATED: f64 = 0.85;
@@ -56,14 +59,16 @@ pub fn sched_recommendations(
             seconds,
             title,
             format!(
-                "utilization {:.2} on {cpus} CPUs{}, {:.0} involuntary switches/s; {threads} threads waited \
+                "utilization {:.2} on {}{}, {:.0} involuntary switches/s; {} waited \
                  {runq_s:.2} s for a CPU, {seconds:.2} s each on average (run-queue latency p99 {}, {:.2} s \
                  of CPU)",
                 sched.utilization,
+                count(u64::from(cpus), "CPU", "CPUs"),
                 machine_busy
                     .map(|busy| format!(" (the machine {:.0}% busy)", busy * 100.0))
                     .unwrap_or_default(),
                 involuntary_per_s,
+                count(threads as u64, "thread", "threads"),
                 format_ns(worst_p99),
                 cpu_s
             ),
@@ -99,10 +104,10 @@ pub fn sched_recommendations(
             seconds,
             format!("Lock contention in {}", process.name),
             format!(
-                "{:.2} s off CPU for lock contention across {} threads ({:.1}% of their time, {mean_wait:.2} s \
+                "{:.2} s off CPU for lock contention across {} ({:.1}% of their time, {mean_wait:.2} s \
                  each on average){cap}{}{}",
                 reason.seconds,
-                process.threads,
+                count(process.threads as u64, "thread", "threads"),
                 share * 100.0,
                 longest_wait(sched, &[process.pid], &reason.reason),
                 released_by(sched, process.pid)
@@ -162,8 +167,9 @@ pub fn sched_recommendations(
                 seconds,
                 format!("{name} {what}"),
                 format!(
-                    "{waited:.2} s off CPU for {reason} across {threads} threads{processes} ({:.1}% of their \
+                    "{waited:.2} s off CPU for {reason} across {}{processes} ({:.1}% of their \
                      time), about {seconds:.2} s of the trace's elapsed time{}",
+                    count(threads as u64, "thread", "threads"),
                     share * 100.0,
                     longest_wait(sched, &pids, reason)
                 ),
@@ -181,10 +187,10 @@ fn released_by(sched: &SchedReport, pid: u32) -> String {
     let Some(top) = releases.next() else { return String::new() };
     let others = releases.count();
     format!(
-        "; the lock is released in {} (its unlocks woke waiters {} times, ending {:.2} s of waits{}): the \
+        "; the lock is released in {} (its unlocks woke waiters {}, ending {:.2} s of waits{}): the \
          critical section that holds them up",
         top.released_in,
-        crate::report::format::thousands(top.wakeups),
+        count(top.wakeups, "time", "times"),
         top.seconds,
         match others {
             0 => String::new(),

@@ -77,8 +77,8 @@ impl Family for SignalFamily {
         });
         if self.lost > 0 {
             cx.limitations.push(format!(
-                "{} signals were not counted: the signal map ({} entries) was full",
-                thousands(self.lost),
+                "{} not counted: the signal map ({} entries) was full",
+                crate::report::format::count(self.lost, "signal was", "signals were"),
                 signals::CAPACITY
             ));
         }
@@ -136,10 +136,10 @@ impl Section for SignalReport {
         let _ = writeln!(out, "### Signals\n");
         let _ = writeln!(
             out,
-            "{} signals delivered to {} target processes, counted exactly as each thread took them. \
-             Each costs a kernel entry, and with a handler a signal frame on the thread's stack.\n",
-            thousands(self.delivered),
-            self.processes
+            "{} delivered to {}, counted exactly as each thread took them. Each costs a kernel entry, and \
+             with a handler a signal frame on the thread's stack.\n",
+            crate::report::format::count(self.delivered, "signal", "signals"),
+            crate::report::format::count(self.processes as u64, "target process", "target processes")
         );
         let rows: Vec<Vec<String>> = self
             .rows

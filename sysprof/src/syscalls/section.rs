@@ -10,7 +10,7 @@ use crate::{
     output::markdown::{escape, table},
     report::{
         Section,
-        format::{percent, thousands},
+        format::{count, percent, thousands},
     },
 };
 
@@ -40,27 +40,27 @@ fn markdown(out: &mut String, syscalls: &SyscallReport) {
     let mut exact = match syscalls.lost {
         0 => "Counts and errors are exact (exit and exit_group counted as they are entered)".to_string(),
         lost => format!(
-            "Counts and errors are exact for what was kept: {} calls were not counted (the syscall map was \
-             full)",
-            thousands(lost)
+            "Counts and errors are exact for what was kept: {} not counted (the syscall map was full)",
+            count(lost, "call was", "calls were")
         ),
     };
     if syscalls.unattributed != 0 {
         let _ = write!(
             exact,
-            ". The syscall map filled at {} process-syscall pairs: {} calls of the processes it had no room \
-             for are counted by syscall alone, under \"{}\"",
+            ". The syscall map filled at {} process-syscall pairs: {} of the processes it had no room for \
+             {} counted by syscall alone, under \"{}\"",
             thousands(u64::from(sysprof_common::capacity::SYSCALLS)),
-            thousands(syscalls.unattributed),
+            count(syscalls.unattributed, "call", "calls"),
+            if syscalls.unattributed == 1 { "is" } else { "are" },
             super::UNATTRIBUTED_NAME
         );
     }
     let _ = writeln!(
         out,
-        "{} calls, {} failed, {:.3} s in all. % of wall is the time in the syscall over the trace's wall \
+        "{}, {} failed, {:.3} s in all. % of wall is the time in the syscall over the trace's wall \
          time (threads add up). {exact}; {} of the calls were timed one by one, the others' latency was \
          sampled in bursts (see --time-every-syscall).\n",
-        thousands(syscalls.calls),
+        count(syscalls.calls, "call", "calls"),
         thousands(syscalls.errors),
         syscalls.total_ns as f64 / 1e9,
         percent(if syscalls.calls == 0 { 1.0 } else { syscalls.timed as f64 / syscalls.calls as f64 })

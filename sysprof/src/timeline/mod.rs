@@ -250,18 +250,19 @@ impl Timeline {
     /// `kernel_thinned`: the slices the programs did not send, under the raised minimum
     /// (`Counter::TimelineThinned`).
     pub fn thinning_note(&self, kernel_thinned: u64) -> Option<String> {
+        use crate::report::format::count;
         let thinning =
             &Thinning { slices_dropped: self.thinning.slices_dropped + kernel_thinned, ..self.thinning };
         thinning.dropped().then(|| {
             format!(
-                "the timeline was bounded at {} events (--timeline-events): it keeps waits, system calls and calls \
-                 of at least {} and 1 on-CPU sample in {}; {} slices and {} samples were left out of it (every \
-                 other output has them all)",
-                crate::report::format::thousands(self.capacity as u64),
+                "the timeline was bounded at {} (--timeline-events): it keeps waits, system calls and calls \
+                 of at least {} and 1 on-CPU sample in {}; {} and {} were left out of it (every other output \
+                 has them all)",
+                count(self.capacity as u64, "event", "events"),
                 crate::latency::format_ns(thinning.min_slice_ns),
                 thinning.sample_stride,
-                crate::report::format::thousands(thinning.slices_dropped),
-                crate::report::format::thousands(thinning.samples_dropped),
+                count(thinning.slices_dropped, "slice", "slices"),
+                count(thinning.samples_dropped, "sample", "samples"),
             )
         })
     }

@@ -84,8 +84,8 @@ pub(crate) fn write(
     let lost = counters.get(Counter::TimelineLost);
     if lost > 0 {
         notes.push(format!(
-            "{} timeline events were lost in the kernel (its ring was full between two drains): the timeline has gaps, every other output is whole",
-            crate::report::format::thousands(lost)
+            "{} lost in the kernel (its ring was full between two drains): the timeline has gaps, every other output is whole",
+            crate::report::format::count(lost, "timeline event was", "timeline events were")
         ));
     }
     if let Some(gpu) = gpu.filter(|gpu| gpu.slices_dropped > 0) {

@@ -324,8 +324,8 @@ impl Unwinder {
         }
         if self.processes_full > 0 {
             self.summary.without_table.push(format!(
-                "{} processes beyond the {} that the kernel's table holds",
-                self.processes_full,
+                "{} beyond the {} that the kernel's table holds",
+                crate::report::format::count(self.processes_full as u64, "process", "processes"),
                 shared::PROCESSES
             ));
         }
@@ -387,8 +387,8 @@ impl Unwinder {
         let chunks = rows.len().div_ceil(ROWS_PER_CHUNK) as u32;
         if self.next_chunk + chunks > self.capacity_chunks {
             return Err(format!(
-                "its table ({} rows, {}) did not fit in what is left of --unwind-memory (raise it)",
-                crate::report::format::thousands(rows.len() as u64),
+                "its table ({}, {}) did not fit in what is left of --unwind-memory (raise it)",
+                crate::report::format::count(rows.len() as u64, "row", "rows"),
                 crate::report::format::bytes(size_of_val(rows) as u64)
             ));
         }
@@ -624,10 +624,10 @@ pub fn describe_tables(files: &[PathBuf], json: bool, verify: bool) -> anyhow::R
             match &f.verified {
                 Some(verified) => println!("{}: the cached table {verified}", f.file),
                 None => println!(
-                    "{}: {} rows, {} of kernel memory; built in {:.1} ms (hashing {:.1} ms of it), read from \
-                     the cache in {:.1} ms (the entry {:.1} ms of it)",
+                    "{}: {}, {} of kernel memory; built in {:.1} ms (hashing {:.1} ms of it), read from the \
+                     cache in {:.1} ms (the entry {:.1} ms of it)",
                     f.file,
-                    crate::report::format::thousands(f.rows as u64),
+                    crate::report::format::count(f.rows as u64, "row", "rows"),
                     crate::report::format::bytes(f.bytes),
                     f.build_ms,
                     f.hash_ms,

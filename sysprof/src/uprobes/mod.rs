@@ -77,7 +77,8 @@ impl CallProbes {
             .with_context(|| format!("probing {label} functions in {shown}"))?;
         self.files.insert(id);
         if count > 0 {
-            probes.note_call_probes(&format!("{label} {shown} ({count} functions)"), links);
+            let functions = crate::report::format::count(count as u64, "function", "functions");
+            probes.note_call_probes(&format!("{label} {shown} ({functions})"), links);
             self.attached.push((file.shown().to_path_buf(), count));
         }
         Ok(count)

@@ -11,6 +11,7 @@
 
 pub mod report;
 pub mod section;
+pub mod series;
 pub mod topology;
 
 use std::{
@@ -211,10 +212,11 @@ pub struct Sample {
     pub processes: BTreeMap<u32, u64>,
 }
 
-/// Polls every device every `interval` until stopped; returns the samples.
+/// Polls every device every `interval` until stopped; returns the samples, thinned to a bound
+/// (`series`), and the interval they ended at.
 pub struct Poller {
     stop: watch::Sender<bool>,
-    task: JoinHandle<Vec<Sample>>,
+    task: JoinHandle<(Vec<Sample>, Duration)>,
 }
 
 impl Poller {
@@ -224,19 +226,26 @@ impl Poller {
             let started = Instant::now();
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut samples = Vec::new();
+            let mut rounds = series::Rounds::new(interval);
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => poll(&nvml, started, &mut samples),
+                    _ = ticker.tick() => {
+                        let mut round = Vec::new();
+                        poll(&nvml, started, &mut round);
+                        if let Some(longer) = rounds.add(round) {
+                            ticker = tokio::time::interval_at(tokio::time::Instant::now() + longer, longer);
+                            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                    }
                     _ = stopped.changed() => break,
                 }
             }
-            samples
+            rounds.finish()
         });
         Poller { stop, task }
     }
 
-    pub async fn finish(self) -> Vec<Sample> {
+    pub async fn finish(self) -> (Vec<Sample>, Duration) {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
     }

@@ -21,6 +21,8 @@ pub const MEANINGS: [&str; 5] = [
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GpuMetricsReport {
     pub interval_ms: u64,
+    /// The interval at the end, when the polls' bound doubled it (`super::series`).
+    pub interval_end_ms: Option<u64>,
     pub meanings: Vec<&'static str>,
     pub topology: Topology,
     pub devices: Vec<DeviceMetrics>,
@@ -194,6 +196,7 @@ pub fn build(
     }
     GpuMetricsReport {
         interval_ms,
+        interval_end_ms: None,
         meanings: MEANINGS.to_vec(),
         topology,
         devices,

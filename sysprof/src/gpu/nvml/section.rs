@@ -30,8 +30,9 @@ impl Family for NvmlFamily {
         let Some((samples, topology)) = cx.nvml else { return Ok(None) };
         let targets: BTreeSet<u32> = cx.processes.iter().map(|(pid, _)| pid).collect();
         let gpu = cx.sections.get::<GpuReport>();
-        let metrics =
+        let mut metrics =
             report::build(samples.clone(), topology.clone(), cx.props.gpu_interval_ms, gpu, &targets);
+        metrics.interval_end_ms = cx.run.gpu_interval_end_ms;
         cx.recommendations.extend(report::recommendations(&metrics, gpu, cx.wall_s()));
         Ok(Some(Box::new(metrics)))
     }
@@ -49,7 +50,20 @@ impl Section for GpuMetricsReport {
 
 fn markdown(out: &mut String, metrics: &GpuMetricsReport) {
     let opt = |v: Option<f64>, unit: &str| v.map(|v| format!("{v:.0}{unit}")).unwrap_or_else(|| "-".into());
-    let _ = writeln!(out, "### GPU compute (NVML, every {} ms)\n", metrics.interval_ms);
+    match metrics.interval_end_ms {
+        None => {
+            let _ = writeln!(out, "### GPU compute (NVML, every {} ms)\n", metrics.interval_ms);
+        }
+        Some(end_ms) => {
+            let _ = writeln!(
+                out,
+                "### GPU compute (NVML, every {} ms, {end_ms} ms by the end)\n\nPast {} polls of a GPU every other \
+                 poll was dropped and the interval doubled: the run's whole length in bounded memory.\n",
+                metrics.interval_ms,
+                crate::report::format::thousands(super::series::MAX_ROUNDS as u64)
+            );
+        }
+    }
     for meaning in &metrics.meanings {
         let _ = writeln!(out, "- {meaning}");
     }
