@@ -6,7 +6,9 @@
 
 use std::{ops::Range, path::Path};
 
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _, RelocationFlags};
+use object::{
+    Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _, ReadRef, RelocationFlags,
+};
 
 /// The size of one PLT entry on x86-64.
 const ENTRY: u64 = 16;
@@ -31,7 +33,15 @@ impl PltNames {
     fn try_read(path: &Path) -> Option<PltNames> {
         let file = std::fs::File::open(path).ok()?;
         let cache = object::ReadCache::new(file);
-        let elf = object::File::parse(&cache).ok()?;
+        Self::try_of(&object::File::parse(&cache).ok()?)
+    }
+
+    /// The PLT names of an ELF file's bytes (the fuzz target's door, `fuzzing::plt`).
+    pub fn parse(data: &[u8]) -> PltNames {
+        object::File::parse(data).ok().and_then(|elf| Self::try_of(&elf)).unwrap_or_default()
+    }
+
+    fn try_of<'data, R: ReadRef<'data>>(elf: &object::File<'data, R>) -> Option<PltNames> {
         if elf.architecture() != object::Architecture::X86_64 {
             return None;
         }
@@ -55,10 +65,11 @@ impl PltNames {
         // the lazy-binding entries; without it .plt is both, after the resolver's entry 0.
         let plt_sec = elf.section_by_name(".plt.sec").and_then(|s| s.file_range());
         match plt_sec {
-            Some((offset, size)) => sections.push((offset..offset + size, 0)),
+            // Checked: a section header's offset and size are the file's word.
+            Some((offset, size)) => sections.push((offset..offset.checked_add(size)?, 0)),
             None => {
                 let (offset, size) = elf.section_by_name(".plt")?.file_range()?;
-                sections.push((offset + ENTRY..offset + size, 0));
+                sections.push((offset.checked_add(ENTRY)?..offset.checked_add(size)?, 0));
             }
         }
         Some(PltNames { sections, names })

@@ -44,9 +44,10 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    /// Offset in the backing file of an address inside this mapping.
+    /// Offset in the backing file of an address inside this mapping (saturated: the kernel
+    /// writes any offset a mapping was made at, which no file need have).
     pub fn file_offset_of(&self, addr: u64) -> u64 {
-        addr - self.start + self.file_offset
+        (addr - self.start).saturating_add(self.file_offset)
     }
 
     /// Short module name for reports: the file name, or `[vdso]`, `[anon]`.
@@ -112,6 +113,12 @@ impl ProcessMaps {
             return Ok(None);
         }
         Ok(Some((Self::parse(pid, lines.into_iter()), digest)))
+    }
+
+    /// The mappings of `pid` from its maps file's text (the fuzz target's door,
+    /// `fuzzing::proc_maps`).
+    pub fn parse_text(pid: u32, text: &str) -> Self {
+        Self::parse(pid, executable_lines(text))
     }
 
     /// The mappings of `pid` from its maps' executable lines (procfs parses them).
