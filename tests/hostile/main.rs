@@ -9,6 +9,8 @@ mod support;
 
 /// Bounds and faults: options at their limits, a process that execs, kernel memory.
 mod bounds;
+/// What the fuzz targets found that a user can do to a real trace.
+mod fuzz_finds;
 /// Files handed to `report`, `merge` and `tables`, and the unwind cache.
 mod inputs;
 /// Files a target maps or leaves for sysprof to read: its binaries, libraries, perf maps.
