@@ -33,6 +33,8 @@ pub mod error;
 pub(crate) mod families;
 pub(crate) mod family;
 pub(crate) mod funcs;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gpu;
 pub mod input;
 pub mod kernel_memory;

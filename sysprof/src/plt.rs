@@ -30,6 +30,11 @@ impl PltNames {
         Self::try_of(elf).unwrap_or_default()
     }
 
+    /// The PLT names of an ELF file's bytes (the fuzz target's door, `fuzzing::plt`).
+    pub fn parse(data: &[u8]) -> PltNames {
+        object::File::parse(data).map(|elf| Self::of(&elf)).unwrap_or_default()
+    }
+
     fn try_of<'data, R: ReadRef<'data>>(elf: &object::File<'data, R>) -> Option<PltNames> {
         if elf.architecture() != object::Architecture::X86_64 {
             return None;
@@ -54,10 +59,11 @@ impl PltNames {
         // the lazy-binding entries; without it .plt is both, after the resolver's entry 0.
         let plt_sec = elf.section_by_name(".plt.sec").and_then(|s| s.file_range());
         match plt_sec {
-            Some((offset, size)) => sections.push((offset..offset + size, 0)),
+            // Checked: a section header's offset and size are the file's word.
+            Some((offset, size)) => sections.push((offset..offset.checked_add(size)?, 0)),
             None => {
                 let (offset, size) = elf.section_by_name(".plt")?.file_range()?;
-                sections.push((offset + ENTRY..offset + size, 0));
+                sections.push((offset.checked_add(ENTRY)?..offset.checked_add(size)?, 0));
             }
         }
         Some(PltNames { sections, names })

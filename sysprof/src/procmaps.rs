@@ -53,9 +53,10 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    /// Offset in the backing file of an address inside this mapping.
+    /// Offset in the backing file of an address inside this mapping (saturated: the kernel
+    /// writes any offset a mapping was made at, which no file need have).
     pub fn file_offset_of(&self, addr: u64) -> u64 {
-        addr - self.start + self.file_offset
+        (addr - self.start).saturating_add(self.file_offset)
     }
 
     /// Short module name for reports: the file name, or `[vdso]`, `[anon]`.
@@ -101,7 +102,7 @@ impl ProcessMaps {
                 return Ok(None);
             }
             let mappings = listed.into_iter().map(|listed| {
-                let path = MMapPath::from(&listed.name).unwrap_or(MMapPath::Other(listed.name));
+                let path = mmap_path(&listed.name);
                 let key = FileKey { device: listed.device, inode: listed.inode };
                 (listed.start, listed.end, listed.offset, key, path)
             });
@@ -124,14 +125,16 @@ impl ProcessMaps {
         Ok(Some((Self::parse(pid, lines.into_iter()), digest)))
     }
 
-    /// The mappings of `pid` from its maps' executable lines (procfs parses them).
+    /// The mappings of `pid` from its maps file's text (the fuzz target's door,
+    /// `fuzzing::proc_maps`).
+    pub fn parse_text(pid: u32, text: &str) -> Self {
+        Self::parse(pid, executable_lines(text))
+    }
+
+    /// The mappings of `pid` from its maps' executable lines (see `parse_line`).
     fn parse<'a>(pid: u32, lines: impl Iterator<Item = &'a str>) -> Self {
-        use procfs::FromBufRead as _;
-        let text: String = lines.flat_map(|line| [line, "\n"]).collect();
-        let parsed = procfs::process::MemoryMaps::from_buf_read(text.as_bytes())
-            .map(|maps| maps.0)
-            .unwrap_or_default();
-        let mappings = parsed.into_iter().map(|map| {
+        let parsed = lines.filter_map(parse_line);
+        let mappings = parsed.map(|map| {
             let (major, minor) = (map.dev.0 as u32, map.dev.1 as u32);
             let key = FileKey { device: libc::makedev(major, minor), inode: map.inode };
             (map.address.0, map.address.1, map.offset, key, map.pathname)
@@ -217,6 +220,37 @@ impl ProcessMaps {
 
 fn vdso_of(mappings: &[Mapping]) -> u64 {
     mappings.iter().find(|m| matches!(m.backing, Backing::Vdso)).map_or(0, |m| m.start)
+}
+
+/// One line of a maps file: procfs reads its numbers, `mmap_path` its name. Line by line, so
+/// that a line procfs cannot read costs its own mapping, not all of the process's.
+fn parse_line(line: &str) -> Option<procfs::process::MemoryMap> {
+    use procfs::FromBufRead as _;
+    let mut fields = line.splitn(6, ' ');
+    let numbers: Vec<&str> = fields.by_ref().take(5).collect();
+    let name = fields.next().unwrap_or_default();
+    // The numbers with no name: an anonymous mapping's line.
+    let numbers = format!("{} \n", numbers.join(" "));
+    let mut map = procfs::process::MemoryMaps::from_buf_read(numbers.as_bytes()).ok()?.0.pop()?;
+    map.pathname = mmap_path(name);
+    Some(map)
+}
+
+/// What a maps name names, as procfs's `MMapPath::from` says, but for the names it slices by
+/// byte and panics on: one that starts with `/SYSV` and is not a System V segment's
+/// (`/SYSV0000abcd`), and a bracketed one (`[stack:TID]`) that is not ASCII. A user's file
+/// shows as `/SYSV` when it is mapped from a mount namespace of theirs that the reader's root
+/// does not reach (`unshare -Urm`, then `pivot_root` into a tmpfs holding it): a path.
+fn mmap_path(name: &str) -> MMapPath {
+    let name = name.trim();
+    let key = name.get(5..13).is_some_and(|key| key.bytes().all(|byte| byte.is_ascii_hexdigit()));
+    if name.starts_with("/SYSV") && !key {
+        return MMapPath::Path(PathBuf::from(name));
+    }
+    if name.starts_with('[') && !name.is_ascii() {
+        return MMapPath::Other(name.to_string());
+    }
+    MMapPath::from(name).unwrap_or_else(|_| MMapPath::Other(name.to_string()))
 }
 
 /// The lines of a maps file whose mappings are executable (`r-xp`: the third permission).
@@ -371,6 +405,28 @@ mod tests {
         python.kill().unwrap();
         python.wait().unwrap();
         assert!(ProcessMaps::read_if_changed(python.id(), None).is_err(), "a process gone has no maps");
+    }
+
+    /// A name procfs would slice as a System V segment's key, and panic on, is a path (the
+    /// fuzzer's find: `fuzz/regressions/proc_maps/`); a line procfs cannot read costs only
+    /// its own mapping.
+    #[test]
+    fn a_file_named_like_a_sysv_segment_is_a_file_and_a_bad_line_costs_only_itself() {
+        assert_eq!(mmap_path("/SYSV"), MMapPath::Path("/SYSV".into()));
+        assert_eq!(mmap_path("/SYSVab\u{e9}cdefg"), MMapPath::Path("/SYSVab\u{e9}cdefg".into()));
+        assert_eq!(mmap_path("/SYSVnothexok (deleted)"), MMapPath::Path("/SYSVnothexok (deleted)".into()));
+        assert_eq!(mmap_path("/SYSV0000abcd (deleted)"), MMapPath::Vsys(0xabcd));
+        assert_eq!(mmap_path("[vdso]"), MMapPath::Vdso);
+        assert_eq!(mmap_path("[stack:\u{90}"), MMapPath::Other("[stack:\u{90}".into()));
+        assert_eq!(mmap_path("   "), MMapPath::Anonymous);
+        let text = "1000-2000 r-xp 00000000 00:2a 7                  /SYSV\n\
+                    3000-4000 r-xp 00001000 fe:01 8 /usr/lib/a name.so\n\
+                    zz-5000 r-xp 00000000 00:00 0 /not/a/line\n\
+                    5000-6000 r-xp 00000000 00:00 0 \n";
+        let maps = ProcessMaps::parse_text(u32::MAX, text);
+        let names: Vec<String> = maps.mappings().iter().map(Mapping::module_name).collect();
+        assert_eq!(names, ["SYSV", "a name.so", "[anon]"]);
+        assert_eq!(maps.mappings()[1].file_offset, 0x1000);
     }
 
     #[test]

@@ -625,7 +625,7 @@ fn frames_of(symbolized: &Symbolized<'_>, module: &Arc<str>) -> Option<Frames> {
 }
 
 /// A JIT's symbol file: `START SIZE NAME` per line, hexadecimal.
-struct PerfMap {
+pub(crate) struct PerfMap {
     /// (start, end, name), sorted by start.
     symbols: Vec<(u64, u64, String)>,
 }
@@ -663,7 +663,7 @@ impl PerfMap {
         Ok(Some(Self::parse(&String::from_utf8_lossy(&bytes))))
     }
 
-    fn parse(text: &str) -> Self {
+    pub(crate) fn parse(text: &str) -> Self {
         let mut symbols: Vec<(u64, u64, String)> = text
             .lines()
             .filter_map(|line| {
@@ -671,14 +671,14 @@ impl PerfMap {
                 let start = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
                 let size = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
                 let name = parts.next()?.trim().to_string();
-                Some((start, start + size, name))
+                Some((start, start.checked_add(size)?, name))
             })
             .collect();
         symbols.sort_by_key(|(start, ..)| *start);
         PerfMap { symbols }
     }
 
-    fn find(&self, addr: u64) -> Option<&str> {
+    pub(crate) fn find(&self, addr: u64) -> Option<&str> {
         let index = self.symbols.partition_point(|(start, ..)| *start <= addr);
         let (_, end, name) = self.symbols.get(index.checked_sub(1)?)?;
         (addr < *end).then_some(name.as_str())

@@ -11,6 +11,8 @@ mod support;
 mod bounds;
 /// A target that execs mid-trace: each sample resolved against the program it ran in.
 mod exec;
+/// What the fuzz targets found that a user can do to a real trace.
+mod fuzz_finds;
 /// Files handed to `report`, `merge` and `tables`, and the unwind cache.
 mod inputs;
 /// Files a target maps or leaves for sysprof to read: its binaries, libraries, perf maps.

@@ -7,8 +7,10 @@
 //! - `test`: builds, fetches NVIDIA's CUDA runtime and NCCL (PyPI wheels, cached outside the
 //!   repository) for the GPU tests, then runs every test.
 //! - `bench`: overhead of sysprof beside perf and bpftrace, measured in one run.
+//! - `fuzz`: every fuzz target (`fuzz/`) for a bounded time from the committed corpus.
 
 mod bench;
+mod fuzz;
 mod nvidia;
 mod toolchain;
 
@@ -46,6 +48,9 @@ enum Task {
     },
     /// Measure sysprof's overhead beside perf (and bpftrace) on the same workload, in one run
     Bench(bench::BenchArgs),
+    /// Run every fuzz target (or those named) for a bounded time from the committed corpus,
+    /// installing cargo-fuzz first when missing; fails on a crash, which it saves
+    Fuzz(fuzz::FuzzArgs),
     /// Run a command with empty programs on uprobes, tracepoints and sampling events (the
     /// bench's floor for probed calls, the target's syscalls and sampling)
     #[command(hide = true)]
@@ -87,6 +92,7 @@ fn main() -> anyhow::Result<()> {
             let binary = build_release(&root)?;
             bench::run(&root, &binary, &args)
         }
+        Task::Fuzz(args) => fuzz::run_targets(&root, &args),
         Task::EmptyPrograms { entries, returns, tracepoints, sample_hz, command } => {
             bench::run_with_empty_programs(&entries, &returns, &tracepoints, sample_hz, &command)
         }

@@ -43,8 +43,6 @@ pub fn run(dirs: &[PathBuf], output: &Path) -> anyhow::Result<u8> {
     // Through sudo, read as the user: the directories are theirs.
     let user = InvokingUser::from_sudo_env();
     let mut runs = Vec::new();
-    let mut traces = Vec::new();
-    let mut notes = Vec::new();
     for dir in dirs {
         let report = read(user.as_ref(), &dir.join("report.json"), REPORT_LIMIT)?.with_context(|| {
             format!(
@@ -52,40 +50,10 @@ pub fn run(dirs: &[PathBuf], output: &Path) -> anyhow::Result<u8> {
                 dir.display()
             )
         })?;
-        let report =
-            ranks::parse_report(&report).map_err(|fault| anyhow::anyhow!("{}: {fault}", dir.display()))?;
-        let trace = read(user.as_ref(), &dir.join(crate::timeline::FILE_NAME), TIMELINE_LIMIT)?;
-        let timeline = match &trace {
-            Some(bytes) => Some(timeline::HostTimeline::decode(bytes).with_context(|| {
-                format!("{}: {} is not a trace sysprof wrote", dir.display(), crate::timeline::FILE_NAME)
-            })?),
-            None => {
-                notes.push(format!(
-                    "{} has no {}: its rank is left out of the merged timeline and of the collective timing",
-                    dir.display(),
-                    crate::timeline::FILE_NAME
-                ));
-                None
-            }
-        };
-        runs.push(RankRun::of(dir, &report, timeline.as_ref()));
-        traces.push(timeline);
+        let timeline = read(user.as_ref(), &dir.join(crate::timeline::FILE_NAME), TIMELINE_LIMIT)?;
+        runs.push(RunFiles { dir: dir.clone(), report, timeline });
     }
-    ranks::name_uniquely(&mut runs);
-    ranks::arrival_lags(&mut runs);
-    let straggler = ranks::straggler(&runs);
-    let mut files = Vec::new();
-    let timeline_file = if traces.iter().all(Option::is_some) {
-        let hosts: Vec<(&str, timeline::HostTimeline)> =
-            runs.iter().map(|run| run.label.as_str()).zip(traces.into_iter().flatten()).collect();
-        files.push(Rendered { name: crate::timeline::FILE_NAME.into(), bytes: timeline::merge(hosts) });
-        Some(crate::timeline::FILE_NAME.to_string())
-    } else {
-        None
-    };
-    let merged = Merged { ranks: runs, straggler, timeline: timeline_file, notes };
-    files.insert(0, Rendered { name: "merged.md".into(), bytes: ranks::markdown(&merged).into_bytes() });
-    files.insert(1, Rendered { name: "merged.json".into(), bytes: serde_json::to_vec_pretty(&merged)? });
+    let (merged, files) = merge(runs)?;
 
     let mut out = OutputDir::prepare(output, user)?;
     for note in out.notes() {
@@ -104,6 +72,59 @@ pub fn run(dirs: &[PathBuf], output: &Path) -> anyhow::Result<u8> {
     let paths: Vec<String> = written.written.iter().map(|f| format!("{}/{f}", output.display())).collect();
     stderr_line(format_args!("Wrote {} ({} runs merged).", paths.join(", "), merged.ranks.len()));
     Ok(if written.failed.is_empty() { 0 } else { 1 })
+}
+
+/// What a merge reads of one run: its directory, its report.json, and its timeline.pftrace
+/// when it wrote one.
+pub struct RunFiles {
+    pub dir: PathBuf,
+    pub report: Vec<u8>,
+    pub timeline: Option<Vec<u8>>,
+}
+
+/// The runs as one: what merged.json says, and the files to write (merged.md, merged.json,
+/// and timeline.pftrace when every run wrote one). Reads nothing but `runs` (the fuzz targets
+/// `fuzzing::report_json` and `fuzzing::timeline_pftrace` call it on their bytes).
+pub fn merge(runs: Vec<RunFiles>) -> anyhow::Result<(Merged, Vec<Rendered>)> {
+    let mut ranks = Vec::new();
+    let mut traces = Vec::new();
+    let mut notes = Vec::new();
+    for run in runs {
+        let RunFiles { dir, report, timeline } = run;
+        let report =
+            ranks::parse_report(&report).map_err(|fault| anyhow::anyhow!("{}: {fault}", dir.display()))?;
+        let timeline = match timeline {
+            Some(bytes) => Some(timeline::HostTimeline::decode(bytes).with_context(|| {
+                format!("{}: {} is not a trace sysprof wrote", dir.display(), crate::timeline::FILE_NAME)
+            })?),
+            None => {
+                notes.push(format!(
+                    "{} has no {}: its rank is left out of the merged timeline and of the collective timing",
+                    dir.display(),
+                    crate::timeline::FILE_NAME
+                ));
+                None
+            }
+        };
+        ranks.push(RankRun::of(&dir, &report, timeline.as_ref()));
+        traces.push(timeline);
+    }
+    ranks::name_uniquely(&mut ranks);
+    ranks::arrival_lags(&mut ranks);
+    let straggler = ranks::straggler(&ranks);
+    let mut files = Vec::new();
+    let timeline_file = if traces.iter().all(Option::is_some) {
+        let hosts: Vec<(&str, timeline::HostTimeline)> =
+            ranks.iter().map(|run| run.label.as_str()).zip(traces.into_iter().flatten()).collect();
+        files.push(Rendered { name: crate::timeline::FILE_NAME.into(), bytes: timeline::merge(hosts) });
+        Some(crate::timeline::FILE_NAME.to_string())
+    } else {
+        None
+    };
+    let merged = Merged { ranks, straggler, timeline: timeline_file, notes };
+    files.insert(0, Rendered { name: "merged.md".into(), bytes: ranks::markdown(&merged).into_bytes() });
+    files.insert(1, Rendered { name: "merged.json".into(), bytes: serde_json::to_vec_pretty(&merged)? });
+    Ok((merged, files))
 }
 
 /// The most of a report.json the merge reads: a trace of 17,000 processes wrote 29 MB.

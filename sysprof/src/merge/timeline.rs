@@ -26,13 +26,13 @@ pub struct HostTimeline {
 }
 
 impl HostTimeline {
-    pub fn decode(bytes: &[u8]) -> anyhow::Result<Self> {
+    pub fn decode(bytes: Vec<u8>) -> anyhow::Result<Self> {
         let mut offset = None;
         let mut names: HashMap<u64, String> = HashMap::new();
         // Per track, the slices begun and not yet ended: (start, whether a collective).
         let mut open: HashMap<u64, Vec<(u64, bool)>> = HashMap::new();
         let mut collectives = Vec::new();
-        for packet in packets(bytes) {
+        for packet in packets(&bytes) {
             let packet = packet?;
             if let Some(interned) = &packet.interned_data {
                 names.extend(interned.event_names.iter().filter_map(|n| Some((n.iid?, n.name.clone()?))));
@@ -69,7 +69,7 @@ impl HostTimeline {
         }
         collectives.sort_unstable();
         let realtime_offset_ns = offset.ok_or_else(|| anyhow::anyhow!("no clock snapshot"))?;
-        Ok(HostTimeline { bytes: bytes.to_vec(), realtime_offset_ns, collectives })
+        Ok(HostTimeline { bytes, realtime_offset_ns, collectives })
     }
 
     /// A monotonic time of this host in wall-clock nanoseconds.
@@ -189,7 +189,7 @@ mod tests {
                     ..TracePacket::default()
                 },
             );
-            HostTimeline::decode(&bytes)
+            HostTimeline::decode(bytes)
         };
         let host = snapshot(5, 15).unwrap();
         assert_eq!((host.realtime_offset_ns, host.realtime(1)), (10, 11));

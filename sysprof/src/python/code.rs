@@ -65,7 +65,7 @@ impl ProcessCode {
         &mut self,
         stack: u32,
         addresses: impl Iterator<Item = u64>,
-        memory: &Memory,
+        memory: &impl ReadMemory,
         object: &CodeObjects,
     ) -> (usize, usize) {
         self.read += 1;
@@ -111,8 +111,10 @@ impl Memory {
     pub fn of(pid: u32) -> Self {
         Memory { pid: pid as libc::pid_t }
     }
+}
 
-    pub fn read(&self, address: u64, len: usize) -> Option<Vec<u8>> {
+impl ReadMemory for Memory {
+    fn read(&self, address: u64, len: usize) -> Option<Vec<u8>> {
         let mut buffer = vec![0u8; len];
         let local = libc::iovec { iov_base: buffer.as_mut_ptr().cast(), iov_len: len };
         let remote = libc::iovec { iov_base: address as *mut libc::c_void, iov_len: len };
@@ -121,6 +123,27 @@ impl Memory {
         let read = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
         (read == len as isize).then_some(buffer)
     }
+}
+
+/// Bytes standing for a process's memory from `base` on: what the fuzz target
+/// (`fuzzing::python_code`) reads code objects from.
+pub struct Image<'a> {
+    pub base: u64,
+    pub bytes: &'a [u8],
+}
+
+impl ReadMemory for Image<'_> {
+    fn read(&self, address: u64, len: usize) -> Option<Vec<u8>> {
+        let start = usize::try_from(address.checked_sub(self.base)?).ok()?;
+        self.bytes.get(start..start.checked_add(len)?).map(<[u8]>::to_vec)
+    }
+}
+
+/// Reads code objects out of a process's memory: every read goes through `read`, the
+/// decoding is the same whatever reads it.
+pub trait ReadMemory {
+    /// `len` bytes at `address`, all of them or none.
+    fn read(&self, address: u64, len: usize) -> Option<Vec<u8>>;
 
     fn u64_at(&self, address: u64) -> Option<u64> {
         Some(u64::from_le_bytes(self.read(address, 8)?.try_into().ok()?))
@@ -141,10 +164,11 @@ impl Memory {
             return None;
         }
         if ascii {
-            let bytes = self.read(object + layout.ascii_header, length as usize)?;
+            let bytes = self.read(object.checked_add(layout.ascii_header)?, length as usize)?;
             return String::from_utf8(bytes).ok().filter(|text| !text.chars().any(char::is_control));
         }
-        let data = self.read(object + layout.compact_header, (length * u64::from(kind)) as usize)?;
+        let data =
+            self.read(object.checked_add(layout.compact_header)?, (length * u64::from(kind)) as usize)?;
         let chars: Vec<u32> = match kind {
             1 => data.iter().map(|&b| u32::from(b)).collect(),
             2 => data.as_chunks::<2>().0.iter().map(|&c| u32::from(u16::from_le_bytes(c))).collect(),
@@ -158,21 +182,24 @@ impl Memory {
     /// A `bytes` object's contents.
     fn bytes(&self, object: u64) -> Option<Vec<u8>> {
         const MAX_BYTES: u64 = 1 << 20;
-        let size = self.u64_at(object + 16)?.min(MAX_BYTES);
-        self.read(object + 32, size as usize)
+        let size = self.u64_at(object.checked_add(16)?)?.min(MAX_BYTES);
+        self.read(object.checked_add(32)?, size as usize)
     }
 
     /// What tells the code object at `address` from another one there later: its name,
     /// file and line table objects and its first line; `None` if it is no code object.
-    pub fn signature(&self, address: u64, object: &CodeObjects) -> Option<u64> {
+    fn signature(&self, address: u64, object: &CodeObjects) -> Option<u64> {
         use std::hash::{Hash as _, Hasher as _};
         let layout = &object.layout;
         let fields =
             [layout.name, layout.qualname.unwrap_or(layout.name), layout.filename, layout.line_table];
-        let len = fields.iter().chain([&layout.first_line]).max().copied().unwrap_or(0) + 8;
+        // Every field's word, and the type's (at 8).
+        let len = fields.iter().chain([&layout.first_line, &8]).max().copied().unwrap_or(0) + 8;
         let head = self.read(address, len as usize)?;
-        let word =
-            |at: u64| u64::from_le_bytes(head[at as usize..at as usize + 8].try_into().unwrap_or_default());
+        let word = |at: u64| {
+            let bytes = head.get(at as usize..).and_then(|rest| rest.first_chunk::<8>());
+            bytes.map_or(0, |bytes| u64::from_le_bytes(*bytes))
+        };
         if word(8) != object.code_type || !live(&head) {
             return None;
         }
@@ -183,16 +210,19 @@ impl Memory {
     }
 
     /// The code object at `address`, if it is one (its type is `code_type`).
-    pub fn code(&self, address: u64, object: &CodeObjects) -> Option<Code> {
+    fn code(&self, address: u64, object: &CodeObjects) -> Option<Code> {
         let (layout, version) = (&object.layout, object.version);
-        if self.u64_at(address + 8)? != object.code_type {
+        // Checked: the addresses are the process's word (an address past the end of its
+        // address space is no object).
+        let field = |offset: u64| address.checked_add(offset);
+        if self.u64_at(field(8)?)? != object.code_type {
             return None;
         }
         let name_field = layout.qualname.unwrap_or(layout.name);
-        let name = self.string(self.u64_at(address + name_field)?, layout)?;
-        let file = self.string(self.u64_at(address + layout.filename)?, layout)?;
-        let first_line = u32::from_le_bytes(self.read(address + layout.first_line, 4)?.try_into().ok()?);
-        let table = self.bytes(self.u64_at(address + layout.line_table)?).unwrap_or_default();
+        let name = self.string(self.u64_at(field(name_field)?)?, layout)?;
+        let file = self.string(self.u64_at(field(layout.filename)?)?, layout)?;
+        let first_line = u32::from_le_bytes(self.read(field(layout.first_line)?, 4)?.try_into().ok()?);
+        let table = self.bytes(self.u64_at(field(layout.line_table)?)?).unwrap_or_default();
         let lines = if version >= (3, 11) {
             locations(&table, first_line)
         } else {
@@ -271,7 +301,7 @@ fn locations(table: &[u8], first_line: u32) -> Vec<(u32, u32)> {
                 Some(line)
             }
             10..=12 => {
-                line += i64::from(code - 10);
+                line = line.saturating_add(i64::from(code - 10));
                 bytes.next();
                 bytes.next();
                 Some(line)

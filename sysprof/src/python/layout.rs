@@ -65,6 +65,11 @@ impl Interpreter {
         }
     }
 
+    /// [`Interpreter::find`] on a file's bytes (the fuzz target's door, `fuzzing::python_layout`).
+    pub fn parse(data: &[u8], path: &Path) -> anyhow::Result<Option<Interpreter>> {
+        Self::find_in(path, &object::File::parse(data).context("not an ELF file")?)
+    }
+
     /// The CPython in `file`, read from `path`.
     fn find_in<'a, R: object::ReadRef<'a>>(
         path: &Path,
@@ -103,6 +108,17 @@ impl Interpreter {
         Ok(Some(Interpreter { version, runtime, code_type, walker, code, segments }))
     }
 
+    /// The walker's entry for a process that maps this file at `start` from `file_offset`, and
+    /// where `PyCode_Type` is in it; `None` when no segment of the file is mapped there.
+    pub fn process_entry(&self, start: u64, file_offset: u64) -> Option<(PythonProcess, u64)> {
+        let runtime = self.relocate(self.runtime, start, file_offset)?;
+        let code_type = self.relocate(self.code_type, start, file_offset)?;
+        let mut entry = self.walker;
+        // Checked: the file says where `_PyRuntime` is, and the process where the file is.
+        entry.interpreters_head = entry.interpreters_head.checked_add(runtime)?;
+        Some((entry, code_type))
+    }
+
     /// The process's address for this file's address `address`, given one of its mappings
     /// (start, file offset); `None` when no segment of the file is mapped there.
     pub fn relocate(&self, address: u64, start: u64, file_offset: u64) -> Option<u64> {
@@ -132,8 +148,13 @@ fn bytes_at<'a, R: object::ReadRef<'a>>(
     address: u64,
     len: u64,
 ) -> Option<&'a [u8]> {
+    // Checked: the addresses are the file's word.
+    let end = address.checked_add(len)?;
     file.sections()
-        .find(|section| section.address() <= address && address + len <= section.address() + section.size())
+        .find(|section| {
+            section.address() <= address
+                && section.address().checked_add(section.size()).is_some_and(|section_end| end <= section_end)
+        })
         .and_then(|section| section.data_range(address, len).ok().flatten())
 }
 
@@ -198,7 +219,7 @@ fn v3_12() -> PythonProcess {
     }
 }
 
-fn code_3_10() -> CodeLayout {
+pub(crate) fn code_3_10() -> CodeLayout {
     CodeLayout {
         name: 112,
         qualname: None,
@@ -210,7 +231,7 @@ fn code_3_10() -> CodeLayout {
     }
 }
 
-fn code_3_11() -> CodeLayout {
+pub(crate) fn code_3_11() -> CodeLayout {
     CodeLayout {
         name: 120,
         qualname: Some(128),
@@ -222,16 +243,16 @@ fn code_3_11() -> CodeLayout {
     }
 }
 
-fn code_3_12() -> CodeLayout {
+pub(crate) fn code_3_12() -> CodeLayout {
     CodeLayout { first_line: 68, ascii_header: 40, compact_header: 56, ..code_3_11() }
 }
 
 /// `_Py_DebugOffsets` of 3.13 (Include/internal/pycore_runtime.h): the fields read here, at
 /// their byte offsets in the struct.
-const DEBUG_OFFSETS_SIZE: u64 = 568;
-const COOKIE: &[u8; 8] = b"xdebugpy";
+pub(crate) const DEBUG_OFFSETS_SIZE: u64 = 568;
+pub(crate) const COOKIE: &[u8; 8] = b"xdebugpy";
 
-fn debug_offsets(bytes: &[u8]) -> anyhow::Result<(PythonProcess, CodeLayout)> {
+pub(crate) fn debug_offsets(bytes: &[u8]) -> anyhow::Result<(PythonProcess, CodeLayout)> {
     if bytes.get(..8) != Some(COOKIE) {
         bail!("_PyRuntime does not start with _Py_DebugOffsets");
     }
@@ -263,14 +284,24 @@ fn debug_offsets(bytes: &[u8]) -> anyhow::Result<(PythonProcess, CodeLayout)> {
         code_instructions: field(344)?,
         _pad: 0,
     };
+    // A code object's fields and a string's header: past the object's header (its reference
+    // count and type), and within a page, as in every CPython. Each is read from every code
+    // object of every stack: the file must not choose how much is read.
+    let small = |at: usize| -> anyhow::Result<u64> {
+        let value = field(at)?;
+        if !(16..4096).contains(&value) {
+            bail!("_Py_DebugOffsets puts a code object's or string's field at byte {value}, where none is");
+        }
+        Ok(u64::from(value))
+    };
     let code = CodeLayout {
-        filename: u64::from(field(280)?),
-        name: u64::from(field(288)?),
-        qualname: Some(u64::from(field(296)?)),
-        line_table: u64::from(field(304)?),
-        first_line: u64::from(field(312)?),
-        ascii_header: u64::from(field(560)?),
-        compact_header: u64::from(field(560)?) + 16,
+        filename: small(280)?,
+        name: small(288)?,
+        qualname: Some(small(296)?),
+        line_table: small(304)?,
+        first_line: small(312)?,
+        ascii_header: small(560)?,
+        compact_header: small(560)? + 16,
     };
     Ok((walker, code))
 }

@@ -11,7 +11,7 @@
 
 pub mod code;
 mod functions;
-mod layout;
+pub(crate) mod layout;
 mod merge;
 
 use std::{
@@ -197,11 +197,7 @@ impl Python {
                     }
                 });
             let Some(interpreter) = interpreter else { continue };
-            let runtime = interpreter.relocate(interpreter.runtime, mapping.start, mapping.file_offset)?;
-            let code_type =
-                interpreter.relocate(interpreter.code_type, mapping.start, mapping.file_offset)?;
-            let mut entry = interpreter.walker;
-            entry.interpreters_head += runtime;
+            let (entry, code_type) = interpreter.process_entry(mapping.start, mapping.file_offset)?;
             return Some((
                 Target { file: open.to_path_buf(), code_type, execs: 0 },
                 entry,

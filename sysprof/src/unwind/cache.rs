@@ -213,7 +213,7 @@ fn safe_dir(path: &Path, uid: u32, root_ok: bool) -> bool {
 
 /// An entry: the magic, the table's name, its segments and rows (counts first), and a CRC-32
 /// of all that.
-fn encode(key: &Key, table: &Table) -> Vec<u8> {
+pub(crate) fn encode(key: &Key, table: &Table) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + table.segments.len() * 16 + table.rows.len() * 12);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(key);
@@ -244,7 +244,7 @@ const MAX_SEGMENTS: u64 = 1024;
 /// `UnwindRow`'s fields in order, little-endian, which is its layout on the machines sysprof
 /// runs on. A compiler's 480,000 rows took 4.2 ms read whole and then converted row by row,
 /// and most of that was the conversion and the second copy.
-fn decode(input: impl std::io::Read, len: u64, key: &Key) -> Option<Table> {
+pub(crate) fn decode(input: impl std::io::Read, len: u64, key: &Key) -> Option<Table> {
     let mut input = Checked { input, crc: crc32fast::Hasher::new() };
     let mut magic = [0; MAGIC.len()];
     input.read_exact(&mut magic).ok()?;

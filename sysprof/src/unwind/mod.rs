@@ -9,7 +9,7 @@
 //! walked by frame pointers. The kernel memory for the tables is fixed at load time
 //! (`--unwind-memory`); what did not fit is said in the report.
 
-mod cache;
+pub(crate) mod cache;
 pub mod tables;
 
 use std::{

@@ -75,7 +75,7 @@ impl Inputs {
                 got: file.section_by_name(".got").map(|got| got.address()),
             }
         } else if let Some(section) = file.section_by_name(".debug_frame") {
-            Frame::Debug { bytes: section.data().context("reading .debug_frame")?.to_vec() }
+            Frame::Debug { bytes: uncompressed(&section).context("reading .debug_frame")? }
         } else {
             Frame::None
         };
@@ -117,6 +117,31 @@ impl Inputs {
             Frame::None => hash.update([0]),
         }
         hash.finalize().into()
+    }
+}
+
+/// The most of a compressed `.debug_frame` that is decompressed: a file's word for its size
+/// is what is allocated, and a few megabytes of zeros compress to a few kilobytes.
+const MAX_DECOMPRESSED: u64 = 256 << 20;
+
+/// A section's bytes, decompressed when it is compressed (`-gz=zlib`: debug sections only).
+fn uncompressed(section: &object::Section<'_, '_>) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let compressed = section.compressed_data()?;
+    let size = compressed.uncompressed_size;
+    match compressed.format {
+        object::CompressionFormat::None => Ok(compressed.data.to_vec()),
+        object::CompressionFormat::Zlib => {
+            anyhow::ensure!(
+                size <= MAX_DECOMPRESSED,
+                "compressed, of {size} bytes uncompressed: more than the {MAX_DECOMPRESSED} read"
+            );
+            let mut bytes = Vec::with_capacity(size as usize);
+            flate2::read::ZlibDecoder::new(compressed.data).take(size).read_to_end(&mut bytes)?;
+            anyhow::ensure!(bytes.len() as u64 == size, "compressed, and shorter than its header says");
+            Ok(bytes)
+        }
+        format => anyhow::bail!("compressed as {format:?}, which sysprof does not read"),
     }
 }
 
@@ -187,7 +212,11 @@ where
             let start =
                 u32::try_from(row.start_address()).context("code above 4 GiB in the file's addresses")?;
             let end = u32::try_from(row.end_address()).unwrap_or(u32::MAX);
-            spans.push(Span { start, end, row: rule });
+            // A row at 4 GiB - 1 whose end is cut off covers nothing in 32 bits (kept, its
+            // start and the walk's end would be two rows at one address).
+            if start < end {
+                spans.push(Span { start, end, row: rule });
+            }
         }
     }
     Ok(())
@@ -296,6 +325,8 @@ fn rows_of(mut spans: Vec<Span>) -> Vec<UnwindRow> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]
@@ -358,6 +389,24 @@ mod tests {
             *address += 16;
         }
         assert_ne!(moved.key(), inputs.key());
+    }
+
+    /// `-gz=zlib`'s `.debug_frame` (in a file without `.eh_frame`), and one whose header
+    /// claims more than is decompressed.
+    #[test]
+    fn a_compressed_debug_frame_is_read_within_a_bound() {
+        let seed =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/eh_frame/calls-debug-frame-zlib");
+        let data = std::fs::read(&seed).unwrap();
+        let table = build(&data).unwrap();
+        assert!(table.rows.len() > 4, "{} rows", table.rows.len());
+        let file = object::File::parse(&*data).unwrap();
+        let (offset, _) = file.section_by_name(".debug_frame").unwrap().file_range().unwrap();
+        // Elf64_Chdr: ch_type, ch_reserved, then ch_size.
+        let mut claims = data.clone();
+        claims[offset as usize + 8..offset as usize + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let error = build(&claims).unwrap_err();
+        assert!(format!("{error:#}").contains("more than the 268435456 read"), "{error:#}");
     }
 
     #[test]

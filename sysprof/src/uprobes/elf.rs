@@ -32,6 +32,11 @@ impl Exports {
     pub fn size_at(&self, offset: u64) -> Option<u64> {
         self.sizes.get(&offset).copied()
     }
+
+    /// Every function: its name and file offset.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.offsets.iter().map(|(name, &offset)| (name.as_str(), offset))
+    }
 }
 
 /// The functions `path` defines: its dynamic symbols, then its static symbol table when it has
@@ -45,12 +50,17 @@ pub fn exported_functions(path: &Path) -> anyhow::Result<Exports> {
 pub fn exports_of(file: File, path: &Path) -> anyhow::Result<Exports> {
     let cache = Bounded::new(file, mapped::READ_LIMIT);
     let elf = object::File::parse(&cache).with_context(|| format!("reading ELF {}", path.display()))?;
+    Ok(exports_in(&elf))
+}
+
+/// [`exported_functions`] of a parsed file (`fuzzing::uprobe_exports` parses bytes).
+pub fn exports_in<'data, R: ReadRef<'data>>(elf: &object::File<'data, R>) -> Exports {
     let mut exports = Exports::default();
-    let add = |exports: &mut Exports, symbol: object::Symbol<'_, '_, &Bounded<File>>| {
+    let add = |exports: &mut Exports, symbol: object::Symbol<'data, '_, R>| {
         if symbol.kind() != object::SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
             return;
         }
-        let (Ok(name), Some(offset)) = (symbol.name(), file_offset(&elf, &symbol)) else { return };
+        let (Ok(name), Some(offset)) = (symbol.name(), file_offset(elf, &symbol)) else { return };
         // Versioned names (cudaMalloc@@libcudart.so.12) answer to their plain name too.
         let plain = name.split('@').next().unwrap_or(name);
         exports.offsets.entry(plain.to_string()).or_insert(offset);
@@ -64,7 +74,7 @@ pub fn exports_of(file: File, path: &Path) -> anyhow::Result<Exports> {
     for symbol in elf.symbols() {
         add(&mut exports, symbol);
     }
-    Ok(exports)
+    exports
 }
 
 /// Where `symbol`'s address lies in the file `elf` was read from (what a uprobe is attached at).
@@ -74,7 +84,8 @@ pub fn file_offset<'data, R: ReadRef<'data>>(
 ) -> Option<u64> {
     let section = elf.section_by_index(symbol.section_index()?).ok()?;
     let (section_offset, _) = section.file_range()?;
-    Some(symbol.address() - section.address() + section_offset)
+    // Checked: a symbol's address is the file's word, and may lie outside its section.
+    symbol.address().checked_sub(section.address())?.checked_add(section_offset)
 }
 
 #[cfg(test)]

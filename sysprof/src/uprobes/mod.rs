@@ -179,26 +179,38 @@ pub fn entry_point(path: &Path, offset: u64, size: Option<u64>, past_test: bool)
             code.truncate(read);
             code
         };
-        let code = read(16);
-        if code.len() < 2 {
-            return unknown;
-        }
-        // The whole function (when its size is known and not too large) only where the probe
-        // may move: a library's hundred functions are not each read whole at attach.
-        let may_move = code.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) || past_test;
-        let size = size.filter(|size| may_move && (2..=MAX_FUNCTION_BYTES).contains(size));
-        let (code, whole) = match size.map(read) {
-            Some(function) if function.len() as u64 == size.unwrap_or(0) => (function, true),
-            _ => (code, false),
-        };
-        let placed = x86::place(&code, whole, past_test);
-        EntryPoint { offset: offset + placed.skip, emulated: Some(placed.emulated), past: placed.past }
+        entry_point_in(read, offset, size, past_test)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (path, size, past_test);
         unknown
     }
+}
+
+/// [`entry_point`], with `read(len)` the function's first `len` bytes (or fewer, at the end of
+/// its file): a file's, or the fuzz target's (`fuzzing::uprobe_exports`).
+#[cfg(target_arch = "x86_64")]
+pub fn entry_point_in(
+    read: impl Fn(u64) -> Vec<u8>,
+    offset: u64,
+    size: Option<u64>,
+    past_test: bool,
+) -> EntryPoint {
+    let code = read(16);
+    if code.len() < 2 {
+        return EntryPoint { offset, emulated: None, past: None };
+    }
+    // The whole function (when its size is known and not too large) only where the probe
+    // may move: a library's hundred functions are not each read whole at attach.
+    let may_move = code.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) || past_test;
+    let size = size.filter(|size| may_move && (2..=MAX_FUNCTION_BYTES).contains(size));
+    let (code, whole) = match size.map(read) {
+        Some(function) if function.len() as u64 == size.unwrap_or(0) => (function, true),
+        _ => (code, false),
+    };
+    let placed = x86::place(&code, whole, past_test);
+    EntryPoint { offset: offset + placed.skip, emulated: Some(placed.emulated), past: placed.past }
 }
 
 #[cfg(target_arch = "x86_64")]
