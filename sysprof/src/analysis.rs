@@ -8,7 +8,7 @@ use sysprof_common::{CallKey, CallStats, Counter, names};
 
 use crate::{
     callsites::CallNames,
-    families,
+    family::list,
     family::{Analysis, Family, StackFile},
     gpu::state::GpuState,
     output::{
@@ -17,8 +17,8 @@ use crate::{
     },
     probes::DetachReport,
     procs::ProcessTable,
-    readout::{Counters, MapReader},
-    recording::{self, Recording, ReportProps},
+    record::reader::{Counters, MapReader},
+    record::{self, Recording, RunProps},
     report::{
         Instrumentation, Lost, Report, RunSummary, Section, Sections, format::thousands, recommendation,
     },
@@ -45,7 +45,7 @@ pub(crate) struct Shared {
 /// or replayed).
 pub(crate) fn read(
     maps: &mut MapReader<'_>,
-    props: &ReportProps,
+    props: &RunProps,
     families: &mut [Box<dyn Family>],
     gpu: Option<&GpuState>,
     timeline: Option<&Timeline>,
@@ -96,14 +96,14 @@ pub fn replay(readout: &[u8]) -> anyhow::Result<(Report, Vec<Rendered>)> {
 /// with the profiles still to render.
 pub(crate) fn replay_keeping(
     readout: &[u8],
-    focus: &[crate::config::Family],
+    focus: &[crate::config::Focus],
 ) -> anyhow::Result<(Report, Profiles, Vec<Rendered>)> {
     let mut recording = Recording::from_json(readout)?;
     if !focus.is_empty() {
         recording.props.families.keep_only(focus);
     }
     let gpu_state = recording.calls.gpu.as_ref().map(|gpu| GpuState::replay(&gpu.events)).transpose()?;
-    let mut families = families::enabled(&recording.props);
+    let mut families = list::enabled(&recording.props);
     let mut maps = MapReader::replay(&recording.maps);
     let shared =
         read(&mut maps, &recording.props, &mut families, gpu_state.as_ref(), recording.timeline.as_ref())?;
@@ -197,7 +197,7 @@ pub(crate) fn analyze(
     let recommendations = recommendation::rank(recommendations, target_time_s);
 
     // The profiles are rendered as they are written, after the report (see
-    // results::write_all); the timeline was rendered first, and its notes go to the report.
+    // finish::write_all); the timeline was rendered first, and its notes go to the report.
     let facts = profile_facts(recording, &profiles, processes, symbolizer.reads_files());
     let profiles = Profiles { stacks: profiles, facts };
     let files: Vec<Rendered> = timeline_file.into_iter().collect();
@@ -206,7 +206,7 @@ pub(crate) fn analyze(
         profiles.file_names().chain(files.iter().map(|f| f.name.clone())).collect();
     outputs.extend(["report.md".to_string(), "report.json".to_string()]);
     if props.save_readout {
-        outputs.push(recording::FILE_NAME.into());
+        outputs.push(record::FILE_NAME.into());
     }
 
     let lost = lost(&shared.counters);
@@ -290,7 +290,7 @@ pub(crate) fn analyze(
         instrumentation: Instrumentation {
             files_modified: recording.files_changed.clone(),
             probes: recording.attached.clone(),
-            // A live run's proof comes after the analysis (see results::Results::deliver).
+            // A live run's proof comes after the analysis (see finish::Results::deliver).
             detach: recording
                 .detach
                 .clone()

@@ -8,7 +8,7 @@ use sysprof_common::{Config, filter};
 
 use crate::{
     btf,
-    config::{Family, SampleEvent, Target, TraceConfig},
+    config::{Focus, SampleEvent, Target, TraceConfig},
     kernel_memory::{Snapshot, mib},
     limits, privileges,
     probes::{MapSizes, Probes},
@@ -333,7 +333,7 @@ fn kernel_memory_finding(config: &Config) -> Finding {
         Ok(bytes)
     };
     let default = TraceConfig::new(Target::All);
-    let cpu_only = TraceConfig { focus: vec![Family::Cpu], ..default.clone() };
+    let cpu_only = TraceConfig { focus: vec![Focus::Cpu], ..default.clone() };
     let bytes = match measure(&default) {
         Ok(bytes) => bytes,
         Err(error) => {

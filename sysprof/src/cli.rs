@@ -5,7 +5,7 @@ use std::{ffi::OsString, fmt, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    config::{Family, SampleEvent, Target, TraceConfig},
+    config::{Focus, SampleEvent, Target, TraceConfig},
     privileges::InvokingUser,
 };
 
@@ -62,7 +62,7 @@ pub struct ReportArgs {
     pub output: Option<PathBuf>,
     /// Keep only these families' sections and profiles (of those the run traced)
     #[arg(long, value_enum, value_delimiter = ',')]
-    pub focus: Vec<Family>,
+    pub focus: Vec<Focus>,
 }
 
 /// `sysprof merge` options.
@@ -146,7 +146,7 @@ pub struct TraceArgs {
 
     /// Probe families to attach (comma-separated); default: all that apply
     #[arg(long, value_enum, value_delimiter = ',', value_name = "FAMILY")]
-    pub focus: Vec<Family>,
+    pub focus: Vec<Focus>,
 
     /// Distinct stacks the kernel can hold, in each of its stack maps (on-CPU samples, page
     /// faults, the rest, and those walked with unwind tables); stacks beyond it are counted as
@@ -264,7 +264,7 @@ impl TraceArgs {
     /// The trace these arguments ask for.
     pub fn into_config(self) -> Result<TraceConfig, UsageError> {
         let target = self.target()?;
-        if self.malloc && !self.focus.is_empty() && !self.focus.contains(&Family::Memory) {
+        if self.malloc && !self.focus.is_empty() && !self.focus.contains(&Focus::Memory) {
             return Err(UsageError("error: --malloc needs the memory family: add memory to --focus".into()));
         }
         Ok(TraceConfig {
@@ -474,15 +474,15 @@ mod tests {
     #[test]
     fn focus_takes_a_list() {
         let config = parse(&["sysprof", "trace", "--all", "--focus", "cpu"]).unwrap();
-        assert_eq!(config.focus, vec![Family::Cpu]);
-        assert!(config.wants(Family::Cpu));
+        assert_eq!(config.focus, vec![Focus::Cpu]);
+        assert!(config.wants(Focus::Cpu));
         assert!(parse(&["sysprof", "trace", "--all", "--focus", "bogus"]).is_err());
     }
 
     #[test]
     fn malloc_needs_the_memory_family() {
         let config = parse(&["sysprof", "trace", "--all", "--malloc"]).unwrap();
-        assert!(config.malloc && config.wants(Family::Memory));
+        assert!(config.malloc && config.wants(Focus::Memory));
         assert!(parse(&["sysprof", "trace", "--all", "--malloc", "--focus", "memory"]).is_ok());
         let error = parse(&["sysprof", "trace", "--all", "--malloc", "--focus", "cpu"]).unwrap_err();
         assert!(error.contains("add memory to --focus"), "{error}");

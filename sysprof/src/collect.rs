@@ -24,8 +24,8 @@ use crate::{
     memory::heap::HeapTracer,
     probes::Probes,
     procs::ProcessTable,
-    readout::Counters,
-    recording::{CallOutcome, GpuOutcome, HeapOutcome},
+    record::reader::Counters,
+    record::{CallOutcome, GpuOutcome, HeapOutcome},
     report::format::thousands,
     selfcost::StatsWindows,
     terminal::{say, stderr_line},
@@ -401,7 +401,7 @@ impl UprobeTracers {
         if let Some(gpu) = &mut self.gpu {
             gpu.state.on_event(event);
             if let Some(kept) = &mut gpu.kept_events {
-                kept.push(crate::readout::Bytes::of(event));
+                kept.push(crate::record::reader::Bytes::of(event));
             }
         }
     }

@@ -66,7 +66,7 @@ impl fmt::Display for SampleEvent {
 /// A family of probes, chosen with `--focus`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
-pub enum Family {
+pub enum Focus {
     /// On-CPU stack sampling (perf_event).
     Cpu,
     /// Context switches, run-queue latency, off-CPU time and stacks (sched_switch, sched_waking).
@@ -81,9 +81,9 @@ pub enum Family {
     Memory,
 }
 
-impl Family {
+impl Focus {
     /// Every family, in report order.
-    pub const ALL: [Family; 5] = [Family::Cpu, Family::Sched, Family::Syscalls, Family::Gpu, Family::Memory];
+    pub const ALL: [Focus; 5] = [Focus::Cpu, Focus::Sched, Focus::Syscalls, Focus::Gpu, Focus::Memory];
 }
 
 /// Everything `sysprof trace` needs to run.
@@ -116,7 +116,7 @@ pub struct TraceConfig {
     /// Events the timeline keeps (`--timeline-events`); 0: no timeline.
     pub timeline_events: usize,
     /// Probe families to attach; empty means all that apply.
-    pub focus: Vec<Family>,
+    pub focus: Vec<Focus>,
     pub output_dir: PathBuf,
     /// No live status line and no summary on stderr.
     pub quiet: bool,
@@ -163,19 +163,19 @@ impl TraceConfig {
     }
 
     /// Whether a probe family is on for this run.
-    pub fn wants(&self, family: Family) -> bool {
+    pub fn wants(&self, family: Focus) -> bool {
         self.focus.is_empty() || self.focus.contains(&family)
     }
 
     /// The families this run traces, decided once: the stages read this, not `--focus`.
     pub fn families(&self) -> Families {
         Families {
-            cpu: self.wants(Family::Cpu),
-            sched: self.wants(Family::Sched),
-            syscalls: self.wants(Family::Syscalls),
-            gpu: self.wants(Family::Gpu),
-            memory: self.wants(Family::Memory),
-            heap: self.malloc && self.wants(Family::Memory),
+            cpu: self.wants(Focus::Cpu),
+            sched: self.wants(Focus::Sched),
+            syscalls: self.wants(Focus::Syscalls),
+            gpu: self.wants(Focus::Gpu),
+            memory: self.wants(Focus::Memory),
+            heap: self.malloc && self.wants(Focus::Memory),
         }
     }
 }
@@ -194,13 +194,13 @@ pub struct Families {
 
 impl Families {
     /// Turns off every family not in `focus` (the heap goes with memory).
-    pub fn keep_only(&mut self, focus: &[Family]) {
+    pub fn keep_only(&mut self, focus: &[Focus]) {
         let keep = |family| focus.contains(&family);
-        self.cpu &= keep(Family::Cpu);
-        self.sched &= keep(Family::Sched);
-        self.syscalls &= keep(Family::Syscalls);
-        self.gpu &= keep(Family::Gpu);
-        self.memory &= keep(Family::Memory);
+        self.cpu &= keep(Focus::Cpu);
+        self.sched &= keep(Focus::Sched);
+        self.syscalls &= keep(Focus::Syscalls);
+        self.gpu &= keep(Focus::Gpu);
+        self.memory &= keep(Focus::Memory);
         self.heap &= self.memory;
     }
 }

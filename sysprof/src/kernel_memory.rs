@@ -49,7 +49,7 @@ impl MapSizes {
             stacks: config.stack_storage_size,
             unwind_chunks: unwind_chunks(config.unwind_memory_mib),
             families: config.families(),
-            calls: config.wants(crate::config::Family::Gpu) || !config.functions.is_empty(),
+            calls: config.wants(crate::config::Focus::Gpu) || !config.functions.is_empty(),
             timeline: config.timeline_events > 0,
             target_set,
         }
@@ -308,7 +308,7 @@ pub fn mib(bytes: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Family, Target};
+    use crate::config::{Focus, Target};
 
     fn sizes(configure: impl FnOnce(&mut TraceConfig)) -> MapSizes {
         let mut config = TraceConfig::new(Target::All);
@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn the_maps_of_families_not_traced_get_one_entry() {
         let all = sizes(|_| {});
-        let cpu = sizes(|config| config.focus = vec![Family::Cpu]);
+        let cpu = sizes(|config| config.focus = vec![Focus::Cpu]);
         for name in [names::SYSCALLS, names::THREAD_SCHED, names::OFFCPU, names::FAULT_STACKS, names::STACKS]
         {
             assert!(entries_of(&all, name) > 1, "{name}");
@@ -332,7 +332,7 @@ mod tests {
         assert_eq!(entries_of(&cpu, names::CPU_STACKS), capacity::STACKS);
         assert_eq!(entries_of(&cpu, names::CALL_EVENTS), page_size(), "a ring takes a page at least");
         // The syscall programs run for the memory family too, and count what they see.
-        let memory = sizes(|config| config.focus = vec![Family::Memory]);
+        let memory = sizes(|config| config.focus = vec![Focus::Memory]);
         assert_eq!(entries_of(&memory, names::SYSCALLS), capacity::SYSCALLS);
         assert_eq!(entries_of(&memory, names::THREAD_SCHED), 1);
         // An option not asked for.
@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(entries_of(&no_timeline, sysprof_common::timeline::EVENTS), page_size());
         // --func uses the call maps without the GPU family.
         let func = sizes(|config| {
-            config.focus = vec![Family::Cpu];
+            config.focus = vec![Focus::Cpu];
             config.functions = vec!["/bin/true:main".parse().unwrap()];
         });
         assert_eq!(entries_of(&func, names::CALLS), capacity::CALLS);
@@ -361,7 +361,7 @@ mod tests {
         assert_eq!(map_bytes(1, 1, 8, 1312, 16384, 2), 16384 * 16, "allocated at insert: buckets only");
         // A focused trace needs less than a default one, and the default less than with --malloc.
         let all = estimate(&sizes(|_| {}));
-        let cpu = estimate(&sizes(|config| config.focus = vec![Family::Cpu]));
+        let cpu = estimate(&sizes(|config| config.focus = vec![Focus::Cpu]));
         let malloc = estimate(&sizes(|config| config.malloc = true));
         if crate::probes::BPF_OBJECT.is_empty() {
             return;

@@ -249,7 +249,7 @@ fn vm_size() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Family, Target, TraceConfig};
+    use crate::config::{Focus, Target, TraceConfig};
 
     #[test]
     fn a_cgroup_too_small_gets_options_that_fit_in_it() {
@@ -275,7 +275,7 @@ mod tests {
         let mut smaller = config.clone();
         (smaller.stack_storage_size, smaller.unwind_memory_mib) = (stacks, unwind);
         if reason.contains("--focus cpu") {
-            smaller.focus = vec![Family::Cpu];
+            smaller.focus = vec![Focus::Cpu];
         }
         let needed = kernel_memory::estimate(&MapSizes::for_config(&smaller, false));
         assert!(leaves_room(needed, cgroup.room()), "{reason}: {needed}");

@@ -191,7 +191,7 @@ pub fn overhead(
             }
         })
         .collect();
-    let bpf_time_ns = crate::readout::saturating_sum(programs.iter().map(|p| p.run_time_ns));
+    let bpf_time_ns = crate::record::reader::saturating_sum(programs.iter().map(|p| p.run_time_ns));
     let available_ns = duration.as_nanos() as f64 * f64::from(cpus.max(1));
     let (sysprof_cpu_s, sysprof_peak_rss_kib) = own_usage();
     Overhead {

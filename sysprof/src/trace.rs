@@ -16,7 +16,8 @@ use crate::{
     config::{Target, TraceConfig},
     cpustat::CpuTicks,
     error::Error,
-    families,
+    family::list,
+    finish::{Finished, Results},
     funcs::FuncTracer,
     gpu::{GpuTracer, nvml},
     input::InputError,
@@ -27,8 +28,7 @@ use crate::{
     privileges,
     probes::{MapSizes, PROCESS_TRACKING, Preload, Probes, monotonic_ns},
     procs::{self, ProcessTable},
-    recording::ReportProps,
-    results::{Results, TraceOutcome},
+    record::RunProps,
     target::{self, ResolvedTarget},
     terminal::say,
     timeline,
@@ -46,7 +46,7 @@ const SYSCALL_SAMPLE_EVERY: u32 = 64;
 const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Runs one trace as configured and writes its results.
-pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
+pub fn trace(config: TraceConfig) -> anyhow::Result<Finished> {
     // Before any thread or mapping that such a limit could refuse.
     crate::limits::check_address_space()?;
     // Before the runtime's threads start: they inherit it.
@@ -68,7 +68,7 @@ pub fn trace(config: TraceConfig) -> anyhow::Result<TraceOutcome> {
     })
 }
 
-async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<TraceOutcome> {
+async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Finished> {
     // Preflight: everything that can be wrong is found before any probe is attached.
     if !privileges::can_trace() {
         return Err(Error::NotPrivileged.into());
@@ -106,7 +106,7 @@ async fn preflight_and_run(config: TraceConfig, stop: Stop) -> anyhow::Result<Tr
         }
     };
     // What the later stages need of the configuration, decided once.
-    let props = ReportProps::of(&config);
+    let props = RunProps::of(&config);
     let bpf_config = kernel_config(&config, &props, &resolved, offsets);
     let preflight = Preflight { props, resolved, bpf_config, output, limitations, tracepoint_ids, named };
     run(config, preflight, stop).await
@@ -161,7 +161,7 @@ struct NamedFiles {
 /// The configuration baked into the BPF object.
 fn kernel_config(
     config: &TraceConfig,
-    props: &ReportProps,
+    props: &RunProps,
     resolved: &ResolvedTarget,
     offsets: Option<TaskOffsets>,
 ) -> Config {
@@ -202,7 +202,7 @@ fn kernel_config(
         mm_vdso_offset: offsets.mm_vdso,
         task_exec_id_offset: offsets.exec_id,
     };
-    for family in families::enabled(props) {
+    for family in list::enabled(props) {
         family.configure(&mut kernel);
         kernel.switch_notes |= u32::from(
             family
@@ -216,7 +216,7 @@ fn kernel_config(
 
 /// What the preflight found and decided, for the stages after it.
 struct Preflight {
-    props: ReportProps,
+    props: RunProps,
     resolved: ResolvedTarget,
     bpf_config: Config,
     output: OutputDir,
@@ -226,7 +226,7 @@ struct Preflight {
     named: NamedFiles,
 }
 
-async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::Result<TraceOutcome> {
+async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::Result<Finished> {
     let Preflight { mut props, mut resolved, bpf_config, output, mut limitations, tracepoint_ids, named } =
         preflight;
     // Whom a launched command runs as, and so whose rights find and open its files.
@@ -313,7 +313,7 @@ async fn run(config: TraceConfig, preflight: Preflight, stop: Stop) -> anyhow::R
         props.push = Some(push_props(url, &config.target, gated.as_ref(), &resolved, &processes));
     }
     probes.lineage = matches!(config.target, Target::Pids(_)) || gated.is_some();
-    let families = families::enabled(&props);
+    let families = list::enabled(&props);
     let programs: Vec<Preload> =
         families.iter().flat_map(|family| family.programs()).chain(&PROCESS_TRACKING).copied().collect();
     probes.preload(&programs);
@@ -496,7 +496,7 @@ fn push_props(
     gated: Option<&GatedChild>,
     resolved: &ResolvedTarget,
     processes: &ProcessTable,
-) -> crate::recording::PushProps {
+) -> crate::record::PushProps {
     let pid = gated.map(GatedChild::pid).or_else(|| resolved.pids.first().copied());
     let service = match target {
         Target::Command(argv) => argv
@@ -506,7 +506,7 @@ fn push_props(
         _ => pid.and_then(|pid| processes.get(pid)).map(|p| p.name.clone()).filter(|n| !n.is_empty()),
     }
     .unwrap_or_else(|| if matches!(target, Target::All) { "all".into() } else { target.to_string() });
-    crate::recording::PushProps { url: url.to_string(), service, pid }
+    crate::record::PushProps { url: url.to_string(), service, pid }
 }
 
 /// How long the start waits for the running targets' unwind tables: long enough for cached

@@ -9,7 +9,7 @@ use std::{
 };
 
 use sysprof::{
-    config::{Family, Target, TraceConfig},
+    config::{Focus, Target, TraceConfig},
     kernel_memory::{self, MapSizes},
 };
 
@@ -199,7 +199,7 @@ fn the_report_and_check_state_the_kernel_memory_a_trace_pins() {
     // The estimate that the limits' messages give is what the kernel accounts, within 10%.
     let estimate = kernel_memory::estimate(&MapSizes::for_config(&config, false)) >> 20;
     assert!(estimate.abs_diff(checked_mib) <= checked_mib / 10, "estimate {estimate} MiB, check {line}");
-    let focused = TraceConfig { focus: vec![Family::Cpu], ..config };
+    let focused = TraceConfig { focus: vec![Focus::Cpu], ..config };
     let estimate = kernel_memory::estimate(&MapSizes::for_config(&focused, false));
     assert!(estimate.abs_diff(cpu) <= cpu / 10, "estimate {estimate}, --focus cpu pinned {cpu}");
     assert_no_sysprof_programs();

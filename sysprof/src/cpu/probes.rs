@@ -15,7 +15,7 @@ use crate::{
     probes::{
         AttachedProbe, Preload, Probes, cpu_ranges, online_cpus, perf_event_error, program_mut, rejected,
     },
-    readout::MapReader,
+    record::reader::MapReader,
     report::Section,
 };
 

@@ -18,7 +18,7 @@ use crate::{
     probes::Probes,
     procmaps::Backing,
     procs::ProcessTable,
-    recording::ProbeShare,
+    record::ProbeShare,
     uprobes::{Binary, CallProbes, FuncSpec, Named, USER_FUNCTION_BASE},
 };
 

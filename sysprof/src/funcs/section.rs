@@ -10,7 +10,7 @@ use crate::{
     family::{Analysis, Family},
     latency::format_ns,
     output::markdown::{escape, table},
-    recording::ProbeShare,
+    record::ProbeShare,
     report::{Section, format::thousands},
 };
 

@@ -61,7 +61,7 @@ pub struct GpuTracer {
     pub problems: Vec<String>,
     pub state: GpuState,
     /// Every call event, kept only when the read-out is saved (`--save-readout`).
-    pub kept_events: Option<Vec<crate::readout::Bytes>>,
+    pub kept_events: Option<Vec<crate::record::reader::Bytes>>,
 }
 
 impl GpuTracer {

@@ -170,7 +170,7 @@ pub const MEMSET: &str = "memset";
 
 impl GpuState {
     /// The state as the events of a saved read-out build it.
-    pub fn replay(events: &[crate::readout::Bytes]) -> anyhow::Result<Self> {
+    pub fn replay(events: &[crate::record::reader::Bytes]) -> anyhow::Result<Self> {
         let mut state = GpuState::default();
         for event in events {
             state.on_event(&event.decode()?);

@@ -20,7 +20,7 @@ use crate::{
     probes::{
         AttachedProbe, Preload, Probes, cpu_ranges, fault_event_error, online_cpus, program_mut, rejected,
     },
-    readout::MapReader,
+    record::reader::MapReader,
     report::Section,
     sched::probes::SCHED_SWITCH,
     syscalls::probes::{SYSCALL_ENTER, SYSCALL_EXIT},

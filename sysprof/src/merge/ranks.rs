@@ -126,7 +126,7 @@ impl RankRun {
             .and_then(|h| h.first())
             .map(|h| (text(&h["function"]), h["self_share"].as_f64().unwrap_or(0.0)));
         let collectives_in_report: u64 = report["gpu"]["nccl"].as_array().map_or(0, |ops| {
-            crate::readout::saturating_sum(ops.iter().filter_map(|op| op["calls"].as_u64()))
+            crate::record::reader::saturating_sum(ops.iter().filter_map(|op| op["calls"].as_u64()))
         });
         let (mut before, mut within, mut starts) = (None, None, Vec::new());
         if let Some(timeline) = timeline {

@@ -109,7 +109,7 @@ pub fn render_report(report: &Report) -> anyhow::Result<Vec<Rendered>> {
     Ok(MarkdownReport.render(&Artifact::Report(report))?.into_iter().collect())
 }
 
-/// A run's stack profiles, rendered one at a time as they are written (`results::write_all`):
+/// A run's stack profiles, rendered one at a time as they are written (`finish::write_all`):
 /// drawn, a busy machine's are megabytes each, and rendered all at once before the first was
 /// written they were the peak of the end of a trace.
 pub struct Profiles {
@@ -182,7 +182,7 @@ const PPROF: &str = "pb.gz";
 
 /// Whether `name` is a file sysprof writes: only those are ever removed as stale.
 pub fn is_sysprof_output(name: &str) -> bool {
-    matches!(name, "report.md" | "report.json" | crate::recording::FILE_NAME | crate::timeline::FILE_NAME)
+    matches!(name, "report.md" | "report.json" | crate::record::FILE_NAME | crate::timeline::FILE_NAME)
         || name.split_once('.').is_some_and(|(base, ext)| {
             matches!(
                 base,

@@ -1,6 +1,6 @@
 //! One family's part of the report: its entries in report.json and its part of report.md. The
 //! report holds the sections of the families that ran, in the order of the one list of families
-//! (`families.rs`), and knows none of their types.
+//! (`family/list.rs`), and knows none of their types.
 
 use std::{any::Any, fmt::Debug};
 

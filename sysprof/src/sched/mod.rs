@@ -264,9 +264,10 @@ pub fn analyze(
                 .collect();
             thread_rows.sort_by(|a, b| b.cpu_time_s.total_cmp(&a.cpu_time_s).then(a.tid.cmp(&b.tid)));
             let cpu_time_s: f64 = thread_rows.iter().map(|t| t.cpu_time_s).sum();
-            let voluntary = crate::readout::saturating_sum(thread_rows.iter().map(|t| t.voluntary_switches));
+            let voluntary =
+                crate::record::reader::saturating_sum(thread_rows.iter().map(|t| t.voluntary_switches));
             let involuntary =
-                crate::readout::saturating_sum(thread_rows.iter().map(|t| t.involuntary_switches));
+                crate::record::reader::saturating_sum(thread_rows.iter().map(|t| t.involuntary_switches));
             let offcpu_s: f64 = thread_rows.iter().map(|t| t.offcpu_s).sum();
             let stolen_s: f64 = thread_rows.iter().map(|t| t.stolen_s).sum();
             let mut by_reason: Vec<ReasonTime> = reasons

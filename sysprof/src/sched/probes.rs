@@ -8,7 +8,7 @@ use sysprof_common::{Config, LatencyHistogram, OffCpuKey, OffCpuValue, ThreadSch
 use crate::{
     family::{Analysis, Family},
     probes::{Preload, Probes},
-    readout::MapReader,
+    record::reader::MapReader,
     report::Section,
 };
 

@@ -14,7 +14,7 @@ use crate::{
     family::{Analysis, Family},
     output::markdown::{escape, table},
     probes::{Preload, Probes},
-    readout::MapReader,
+    record::reader::MapReader,
     report::{Section, format::thousands},
 };
 

@@ -5,7 +5,7 @@ pub(crate) mod probes;
 pub(crate) mod recommend;
 pub(crate) mod section;
 
-use crate::readout::saturating_sum;
+use crate::record::reader::saturating_sum;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use serde::Serialize;

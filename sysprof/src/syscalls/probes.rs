@@ -7,7 +7,7 @@ use crate::{
     family::{Analysis, Family},
     latency::{self, Percentiles},
     probes::{Preload, Probes},
-    readout::MapReader,
+    record::reader::MapReader,
     report::Section,
     sched::probes::SCHED_SWITCH,
 };

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use sysprof_common::timeline::{TimelineEvent, kind};
 use tokio::io::unix::AsyncFd;
 
-use crate::readout::Bytes;
+use crate::record::reader::Bytes;
 
 /// The shortest wait off the CPU and system call the kernel records, in microseconds: shorter
 /// ones are frequent and say little on a timeline (their time is in the off-CPU profile and

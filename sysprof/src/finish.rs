@@ -9,14 +9,14 @@ use anyhow::Context as _;
 use crate::{
     analysis::{self, Analyzed},
     collect::{EndReason, UprobeTracers},
-    families,
+    family::list,
     launch::{self, CommandEnd},
     memory::heap::{HeapProbeCost, ProbedAllocator},
     output::{self, OutputDir, Profiles, Rendered, ToWrite},
     probes::Probes,
     procs::ProcessTable,
-    readout::MapReader,
-    recording::{self, ProbeShare, Recording, ReportProps, RunFacts},
+    record::reader::MapReader,
+    record::{self, ProbeShare, Recording, RunFacts, RunProps},
     report::{self, Report, format::thousands},
     symbolize::{Symbolizer, Symbols},
     terminal::{say, stderr_line},
@@ -24,7 +24,7 @@ use crate::{
 
 /// How a trace ended, for the caller and the exit code.
 #[derive(Clone, Debug)]
-pub struct TraceOutcome {
+pub struct Finished {
     /// 0, or the command's exit code for `-- CMD` (128 + signal when it was killed).
     pub exit_code: u8,
     pub output_dir: PathBuf,
@@ -37,7 +37,7 @@ pub struct TraceOutcome {
 /// What the collect stage hands over: the loaded probes, the process table, the uprobe
 /// tracers and the measurements taken while the trace ran.
 pub(crate) struct Results {
-    pub props: ReportProps,
+    pub props: RunProps,
     pub probes: Probes,
     pub processes: ProcessTable,
     pub output: OutputDir,
@@ -51,7 +51,7 @@ pub(crate) struct Results {
 }
 
 impl Results {
-    pub(crate) fn deliver(self) -> anyhow::Result<TraceOutcome> {
+    pub(crate) fn deliver(self) -> anyhow::Result<Finished> {
         let Results {
             props,
             probes,
@@ -67,7 +67,7 @@ impl Results {
         let (started_at, elapsed) = (end.started_at, end.elapsed);
         // Read everything, then start detaching: the probes go before the slow stages
         // (symbolization), and the detach is verified before the report is written.
-        let mut families = families::enabled(&props);
+        let mut families = list::enabled(&props);
         let gpu_state = tracers.gpu.as_ref().map(|gpu| &gpu.state);
         let mut maps = MapReader::live(&probes, props.save_readout);
         let shared = analysis::read(&mut maps, &props, &mut families, gpu_state, timeline.as_ref())?;
@@ -114,7 +114,7 @@ impl Results {
             false => Vec::new(),
         };
         let mut recording = Recording {
-            format: recording::FORMAT,
+            format: record::FORMAT,
             run: RunFacts {
                 host: crate::push::hostname(),
                 rank: crate::push::rank(),
@@ -184,7 +184,7 @@ impl Results {
                 Some((report.overhead.sysprof_cpu_s, report.overhead.sysprof_peak_rss_kib));
             recording.symbols = symbolizer.answers().clone();
             recording.build_ids = build_ids;
-            files.push(Rendered { name: recording::FILE_NAME.into(), bytes: recording.to_json()? });
+            files.push(Rendered { name: record::FILE_NAME.into(), bytes: recording.to_json()? });
         }
         // The report, the profiles and the rendered files are all that is written from here:
         // the read-out, the symbols and the process table go before the report is rendered.
@@ -217,7 +217,7 @@ impl Results {
             ));
         }
         let exit_code = if written.failed.is_empty() || exit_code != 0 { exit_code } else { 1 };
-        Ok(TraceOutcome {
+        Ok(Finished {
             exit_code,
             output_dir: output.path().to_path_buf(),
             files: written.written,
@@ -289,7 +289,7 @@ fn calibrate_probes(
 /// Sends the pprof profiles to the `--push` server, after the local files are written: a
 /// failure is one line, and neither the files nor the exit code depend on it.
 fn push_profiles(
-    push: &recording::PushProps,
+    push: &record::PushProps,
     pprofs: &[Rendered],
     started_at: std::time::SystemTime,
     elapsed: std::time::Duration,
@@ -311,9 +311,9 @@ fn push_profiles(
 /// `sysprof report DIR`: renders a saved run (DIR/readout.json) again with this sysprof's
 /// analysis, keeping only the `focus` families when given, into `output` (default DIR), as
 /// the invoking user through sudo. The exit code: 0, or 1 when a file could not be written.
-pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Family]) -> anyhow::Result<u8> {
+pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Focus]) -> anyhow::Result<u8> {
     use crate::input::{InputError, Links, read_regular};
-    let path = dir.join(recording::FILE_NAME);
+    let path = dir.join(record::FILE_NAME);
     // Through sudo, read as the user: the read-out is theirs, never root's to open for them.
     // A regular file only, opened without blocking, and bounded.
     let user = crate::privileges::InvokingUser::from_sudo_env();
@@ -325,7 +325,7 @@ pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Famil
         Err(InputError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
             "{} has no {}: `sysprof report` renders runs traced with --save-readout; trace again with it",
             dir.display(),
-            recording::FILE_NAME
+            record::FILE_NAME
         ),
         Err(error) => return Err(error.into()),
     };
@@ -337,7 +337,7 @@ pub fn rerender(dir: &Path, output: Option<&Path>, focus: &[crate::config::Famil
     }
     // The read-out stays where it is; a copy goes with the files rendered elsewhere.
     if output.is_some_and(|o| o != dir) {
-        files.push(Rendered { name: recording::FILE_NAME.into(), bytes });
+        files.push(Rendered { name: record::FILE_NAME.into(), bytes });
     }
     let (report, written, _) = write_all(&mut out, report, &profiles, files, false)?;
     let removed = out.remove_stale(&written.written);

@@ -1,7 +1,7 @@
 //! The read-out: what the families read from the kernel's maps at the end of a trace, through
 //! one reader that either asks the kernel and keeps what it answered, or answers from what was
 //! kept. The analysis after it is the same code either way, so a saved read-out (see
-//! `recording.rs`) replays a real run through analysis, report and Markdown without root.
+//! `record/mod.rs`) replays a real run through analysis, report and Markdown without root.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -19,7 +19,7 @@ use crate::probes::Probes;
 /// The contents of the maps as they were read: the bytes of each key and value, so the record
 /// stays the kernel's view (no family's types are needed to save or load it).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct MapContents {
+pub struct MapSnapshot {
     /// Hash maps: name -> every (key, value).
     #[serde(default)]
     hashes: BTreeMap<String, Vec<(Bytes, Bytes)>>,
@@ -31,7 +31,7 @@ pub struct MapContents {
     per_cpu: BTreeMap<String, BTreeMap<u32, Vec<Bytes>>>,
 }
 
-impl MapContents {
+impl MapSnapshot {
     /// The values of the hash map `name`, for the read-out's check.
     pub(crate) fn hash_values(&self, name: &str) -> impl Iterator<Item = &Bytes> {
         self.hashes.get(name).into_iter().flatten().map(|(_, value)| value)
@@ -91,20 +91,20 @@ pub(crate) enum MapReader<'a> {
     /// `kernel`: every kernel address the stacks read hold (see `ksyms.rs`).
     Live {
         probes: &'a Probes,
-        kept: Option<MapContents>,
+        kept: Option<MapSnapshot>,
         kernel: BTreeSet<u64>,
     },
-    Replay(&'a MapContents),
+    Replay(&'a MapSnapshot),
 }
 
 impl<'a> MapReader<'a> {
     /// Reads from the kernel; `keep`: also keeps the bytes of every answer, for a read-out
     /// that is saved (a copy of every map otherwise not worth its memory).
     pub(crate) fn live(probes: &'a Probes, keep: bool) -> Self {
-        MapReader::Live { probes, kept: keep.then(MapContents::default), kernel: BTreeSet::new() }
+        MapReader::Live { probes, kept: keep.then(MapSnapshot::default), kernel: BTreeSet::new() }
     }
 
-    pub(crate) fn replay(contents: &'a MapContents) -> Self {
+    pub(crate) fn replay(contents: &'a MapSnapshot) -> Self {
         MapReader::Replay(contents)
     }
 
@@ -118,10 +118,10 @@ impl<'a> MapReader<'a> {
     }
 
     /// What the live reader kept (empty when it kept nothing, and for a replay).
-    pub(crate) fn into_contents(self) -> MapContents {
+    pub(crate) fn into_contents(self) -> MapSnapshot {
         match self {
             MapReader::Live { kept, .. } => kept.unwrap_or_default(),
-            MapReader::Replay(_) => MapContents::default(),
+            MapReader::Replay(_) => MapSnapshot::default(),
         }
     }
 
@@ -306,7 +306,7 @@ impl Counters {
 /// `kept` when the reader keeps what it reads (as a hash map's, so that a replay reads an
 /// array's entries back the same way, keyed by index).
 fn pass_and_keep<K: Pod, V: Pod>(
-    kept: &mut Option<MapContents>,
+    kept: &mut Option<MapSnapshot>,
     name: &str,
     entries: impl Iterator<Item = anyhow::Result<(K, V)>>,
     mut each: impl FnMut(K, V),
@@ -341,10 +341,10 @@ mod tests {
             comm: *b"busy\0\0\0\0\0\0\0\0\0\0\0\0",
             exec_id: 5,
         };
-        let mut contents = MapContents::default();
+        let mut contents = MapSnapshot::default();
         contents.hashes.insert("M".into(), vec![(Bytes::of(&key), Bytes::of(&42u64))]);
         let json = serde_json::to_string(&contents).unwrap();
-        let contents: MapContents = serde_json::from_str(&json).unwrap();
+        let contents: MapSnapshot = serde_json::from_str(&json).unwrap();
         let entries: Vec<(SampleKey, u64)> = MapReader::replay(&contents).entries("M").unwrap();
         assert_eq!(entries.len(), 1);
         assert_eq!((entries[0].0.tgid, entries[0].0.kernel_stack_id, entries[0].1), (7, 3, 42));
@@ -365,7 +365,7 @@ mod tests {
         };
         let mut old = Bytes::of(&key);
         old.0.truncate(32);
-        let mut contents = MapContents::default();
+        let mut contents = MapSnapshot::default();
         contents.hashes.insert(names::CPU_SAMPLES.into(), vec![(old.clone(), Bytes::of(&42u64))]);
         contents.hashes.insert("M".into(), vec![(old, Bytes::of(&42u64))]);
         let entries: Vec<(SampleKey, u64)> =

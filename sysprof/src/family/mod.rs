@@ -1,5 +1,5 @@
 //! The probe families as the pipeline sees them: one interface that every family implements and
-//! the pipeline calls for each in turn, in the order of the one list (`families.rs`):
+//! the pipeline calls for each in turn, in the order of the one list (`family/list.rs`):
 //! configure -> attach before the trace, read -> analyze after it. A family keeps what it read
 //! until it analyzes it, and its analysis adds its section, recommendations, stack profiles
 //! and limitations to one [`Analysis`], which also holds what every family may read: the run's
@@ -9,6 +9,8 @@
 //! Still by hand: the uprobe families' work during collection (attaching to libraries as the
 //! target maps them, draining call events), in `collect::UprobeTracers`.
 
+pub(crate) mod list;
+
 use sysprof_common::{CallKey, CallStats, Config};
 
 use crate::{
@@ -17,8 +19,8 @@ use crate::{
     probes::{Preload, Probes},
     procs::ProcessTable,
     profile::StackProfile,
-    readout::{Counters, MapReader},
-    recording::{CallOutcome, ReportProps, RunFacts},
+    record::reader::{Counters, MapReader},
+    record::{CallOutcome, RunFacts, RunProps},
     report::{Recommendation, Section, Sections},
     symbolize::Symbolizer,
 };
@@ -67,7 +69,7 @@ pub(crate) trait Family: Send {
 
 /// What a family's analysis reads, and what it adds to.
 pub(crate) struct Analysis<'a> {
-    pub props: &'a ReportProps,
+    pub props: &'a RunProps,
     pub run: &'a RunFacts,
     /// What the uprobe families found while the trace ran.
     pub outcome: &'a CallOutcome,

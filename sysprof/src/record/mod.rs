@@ -1,9 +1,11 @@
 //! A saved read-out: everything the stages after collection use, as data. A live run builds
-//! one from the kernel's maps (`readout::MapReader`), its process table and what the uprobe
+//! one from the kernel's maps (`record::reader::MapReader`), its process table and what the uprobe
 //! families gathered, and analyzes it; `--save-readout` also writes it to the output directory
 //! as `readout.json`, with the symbol names the run resolved. [`crate::analysis::replay`] runs a
 //! saved one through the same analysis, report and Markdown, without root and without the
 //! traced binaries: the golden tests of `tests/replay.rs` are real runs replayed.
+
+pub mod reader;
 
 use std::time::Duration;
 
@@ -17,7 +19,7 @@ use crate::{
     memory::heap::ProbedAllocator,
     probes::{AttachedProbe, DetachReport, ProgramCost},
     procs::ProcessRecord,
-    readout::MapContents,
+    record::reader::MapSnapshot,
     symbolize::Symbols,
 };
 
@@ -30,10 +32,10 @@ pub const FILE_NAME: &str = "readout.json";
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Recording {
     pub format: u32,
-    pub props: ReportProps,
+    pub props: RunProps,
     pub run: RunFacts,
     /// The kernel's maps as the families read them.
-    pub maps: MapContents,
+    pub maps: MapSnapshot,
     /// The targets' processes with their memory-map snapshots.
     pub processes: Vec<(u32, ProcessRecord)>,
     /// How often the processes' memory was read, when it was.
@@ -64,7 +66,7 @@ pub struct Recording {
 /// What the stages after collection (read-out, analysis, write) need of the configuration,
 /// decided once by the pipeline: the finish stage never asks the configuration again.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct ReportProps {
+pub(crate) struct RunProps {
     /// The target, as the report names it.
     pub target: String,
     /// `-- CMD`'s arguments.
@@ -99,10 +101,10 @@ fn default_stack_storage() -> u32 {
     sysprof_common::capacity::STACKS
 }
 
-impl ReportProps {
+impl RunProps {
     pub(crate) fn of(config: &TraceConfig) -> Self {
         let families = config.families();
-        ReportProps {
+        RunProps {
             target: config.target.to_string(),
             command: match &config.target {
                 Target::Command(argv) => {
@@ -211,7 +213,7 @@ pub struct GpuOutcome {
     pub problems: Vec<String>,
     /// Every call event, in order (kept only when the read-out is saved): a replay rebuilds the
     /// GPU state from them.
-    pub events: Vec<crate::readout::Bytes>,
+    pub events: Vec<crate::record::reader::Bytes>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]

@@ -9,14 +9,14 @@ use crate::{
     funcs::section::FuncsFamily,
     gpu::{nvml::section::NvmlFamily, section::GpuFamily},
     memory::probes::MemoryFamily,
-    recording::ReportProps,
+    record::RunProps,
     sched::probes::SchedFamily,
     signals::SignalFamily,
     syscalls::probes::SyscallFamily,
 };
 
 /// The families of this run, in report order.
-pub(crate) fn enabled(props: &ReportProps) -> Vec<Box<dyn Family>> {
+pub(crate) fn enabled(props: &RunProps) -> Vec<Box<dyn Family>> {
     let on = props.families;
     // The CPU section is always there: a run that did not sample says so.
     let mut families: Vec<Box<dyn Family>> =
